@@ -1,0 +1,53 @@
+# Everything a fresh machine (Python 3.11+, Java 17+) needs, installed into .venv by `make venv`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+UV_VERSION := 0.13.8
+KINESALITE_VERSION := 3.3.3
+NODE_DIR := .cache/node
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: venv lock demo test test-fast kinesalite java clean
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "uv==$(UV_VERSION)"
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements.lock
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.installed java
+
+# Regenerate the lock file after changing dependencies in pyproject.toml.
+lock:
+	test -x $(VENV)/bin/uv || ($(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet "uv==$(UV_VERSION)")
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --python-version 3.11 --no-header --generate-hashes -o requirements.lock
+
+# PySpark needs Java 17+; install it from the distribution's packages when missing.
+java:
+	@if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then \
+	  echo "Java 17+ not found: installing openjdk-17-jre-headless"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
+	fi
+
+# kinesalite (a second, more faithful Kinesis emulator) for the integration tests.
+kinesalite: $(NODE_DIR)/node_modules/.bin/kinesalite
+$(NODE_DIR)/node_modules/.bin/kinesalite:
+	@command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm)
+	mkdir -p $(NODE_DIR)
+	cd $(NODE_DIR) && npm install --no-save --no-package-lock --no-audit --no-fund --loglevel=error kinesalite@$(KINESALITE_VERSION)
+
+demo: venv
+	$(PY) -m demo.run_demo
+
+test: venv kinesalite
+	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) .cache build dist demo_output

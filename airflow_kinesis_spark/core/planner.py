@@ -1,0 +1,261 @@
+"""Batch planning: committed checkpoints + shard lineage + mode -> a batch plan; and the checks
+that turn a Spark job's per-shard report into the next checkpoints.
+
+No Airflow import: the plan is built by the operator and read by the Spark job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from airflow_kinesis_spark.core.positions import (
+    Checkpoint,
+    ExtendedSequenceNumber,
+    Sentinel,
+    format_timestamp,
+    parse_timestamp,
+    to_utc,
+)
+from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition
+from airflow_kinesis_spark.core.shards import Shard, ShardLineage
+from airflow_kinesis_spark.exceptions import ReportValidationError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BatchPlan", "plan_incremental", "initial_checkpoint", "advance", "validate_report", "INITIAL_POSITIONS"]
+
+INITIAL_POSITIONS = ("TRIM_HORIZON", "LATEST", "AT_TIMESTAMP")
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One planned batch, persisted before any record is read.
+
+    :param batch_id: monotonically increasing per (stream, consumer), from 1.
+    :param stream_name: the stream.
+    :param consumer_name: the consumer (application) name: the checkpoints' namespace.
+    :param cutoff: records arriving at or after this are left for a later batch (UTC).
+    :param created_at: when the plan was made (UTC).
+    :param ranges: the shard ranges to read, parents before children.
+    :param checkpoints: every committed checkpoint the plan starts from, by shard id.
+    :param output_location: where the batch's output goes (derived from the batch id).
+    :param waiting: shards not planned and why (e.g. a parent not at ``SHARD_END``).
+    """
+
+    batch_id: int
+    stream_name: str
+    consumer_name: str
+    cutoff: datetime
+    created_at: datetime
+    ranges: tuple[ShardRange, ...]
+    checkpoints: Mapping[str, Checkpoint]
+    output_location: str
+    mode: str = "incremental"
+    waiting: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def shard_ids(self) -> list[str]:
+        return [r.shard_id for r in self.ranges]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "stream_name": self.stream_name,
+            "consumer_name": self.consumer_name,
+            "mode": self.mode,
+            "cutoff": format_timestamp(self.cutoff),
+            "created_at": format_timestamp(self.created_at),
+            "output_location": self.output_location,
+            "ranges": [r.to_dict() for r in self.ranges],
+            "checkpoints": {k: v.to_dict() for k, v in sorted(self.checkpoints.items())},
+            "waiting": dict(self.waiting),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchPlan:
+        return cls(
+            batch_id=int(data["batch_id"]),
+            stream_name=data["stream_name"],
+            consumer_name=data["consumer_name"],
+            mode=data.get("mode", "incremental"),
+            cutoff=parse_timestamp(data["cutoff"]),
+            created_at=parse_timestamp(data["created_at"]),
+            output_location=data["output_location"],
+            ranges=tuple(ShardRange.from_dict(r) for r in data["ranges"]),
+            checkpoints={k: Checkpoint.from_dict(v) for k, v in data["checkpoints"].items()},
+            waiting=dict(data.get("waiting", {})),
+        )
+
+
+def initial_checkpoint(initial_position: str, *, now: datetime, initial_timestamp: datetime | None = None) -> Checkpoint:
+    """The checkpoint a never-seen shard starts from.
+
+    ``LATEST`` becomes ``AT_TIMESTAMP now``: a fixed point, so a re-run of the plan reads the
+    same records.
+
+    :raises ValueError: on an unknown position, or ``AT_TIMESTAMP`` without a timestamp.
+    """
+    if initial_position == "TRIM_HORIZON":
+        return Checkpoint(Sentinel.TRIM_HORIZON)
+    if initial_position == "LATEST":
+        return Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=now)
+    if initial_position == "AT_TIMESTAMP":
+        if initial_timestamp is None:
+            raise ValueError("initial_position='AT_TIMESTAMP' needs initial_timestamp (an ISO 8601 UTC time)")
+        return Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=initial_timestamp)
+    raise ValueError(f"initial_position must be one of {', '.join(INITIAL_POSITIONS)}; got {initial_position!r}")
+
+
+def plan_incremental(
+    *,
+    batch_id: int,
+    stream_name: str,
+    consumer_name: str,
+    shards: Iterable[Shard],
+    checkpoints: Mapping[str, Checkpoint],
+    cutoff: datetime,
+    now: datetime,
+    output_location: str,
+    initial_position: str = "TRIM_HORIZON",
+    initial_timestamp: datetime | None = None,
+    max_records_per_shard: int | None = None,
+    max_bytes_per_shard: int | None = None,
+) -> BatchPlan:
+    """Plan an incremental batch: from each committed checkpoint up to ``cutoff``.
+
+    * A shard at ``SHARD_END`` is done and not planned.
+    * A never-seen shard starts at ``initial_position``; a child of shards this consumer has
+      checkpointed starts at ``TRIM_HORIZON``, once every parent is at ``SHARD_END`` (ORDER).
+    * ``cutoff`` is clamped to ``now``: a record arriving after planning can never be in the
+      plan's range, so re-running the plan reads the same records.
+
+    :param cutoff: the run's ``data_interval_end`` (or now), UTC.
+    :param now: the planning time, UTC.
+    :returns: the plan; it may have no ranges.
+    :raises ValueError: on a cap below 1 or an unknown initial position.
+    """
+    for name, cap in (("max_records_per_shard", max_records_per_shard), ("max_bytes_per_shard", max_bytes_per_shard)):
+        if cap is not None and cap < 1:
+            raise ValueError(f"{name} must be a positive integer or None; got {cap!r}")
+    now = to_utc(now)
+    cutoff = min(to_utc(cutoff), now)
+    lineage = ShardLineage(shards)
+    ranges: list[ShardRange] = []
+    waiting: dict[str, str] = {}
+    known = dict(checkpoints)
+    for shard in lineage.ordered():
+        checkpoint = known.get(shard.shard_id)
+        if checkpoint is not None and checkpoint.is_shard_end:
+            continue
+        if checkpoint is None:
+            if not lineage.parents_finished(shard, known):
+                waiting[shard.shard_id] = "waiting for parent shards " + ", ".join(shard.parents) + " to reach SHARD_END"
+                log.info("shard %s: not planned, %s", shard.shard_id, waiting[shard.shard_id])
+                continue
+            if any(p in known for p in shard.parents):
+                checkpoint = Checkpoint(Sentinel.TRIM_HORIZON)
+            else:
+                checkpoint = initial_checkpoint(initial_position, now=now, initial_timestamp=initial_timestamp)
+        ranges.append(
+            ShardRange(
+                shard_id=shard.shard_id,
+                start=StartPosition.after(checkpoint),
+                start_checkpoint=checkpoint,
+                cutoff=cutoff,
+                ending_sequence_number=shard.ending_sequence_number,
+                max_records=max_records_per_shard,
+                max_bytes=max_bytes_per_shard,
+            )
+        )
+    return BatchPlan(
+        batch_id=batch_id,
+        stream_name=stream_name,
+        consumer_name=consumer_name,
+        cutoff=cutoff,
+        created_at=now,
+        ranges=tuple(ranges),
+        checkpoints=dict(checkpoints),
+        output_location=output_location,
+        waiting=waiting,
+    )
+
+
+def advance(shard_range: ShardRange, report: ShardReport) -> Checkpoint:
+    """The checkpoint of a shard after its range's output is committed.
+
+    ``SHARD_END`` if the shard's end was reached; else the last user record read; else, when
+    nothing was read from an ``AT_TIMESTAMP`` start, ``AT_TIMESTAMP cutoff`` (no record arrived
+    in between); else the starting checkpoint, unchanged.
+    """
+    if report.shard_end:
+        return Checkpoint(Sentinel.SHARD_END)
+    if report.last is not None:
+        return Checkpoint(position=report.last)
+    start = shard_range.start_checkpoint
+    if start.sentinel is Sentinel.AT_TIMESTAMP and report.stop_reason in ("cutoff", "caught_up"):
+        assert start.timestamp is not None
+        return Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=max(start.timestamp, shard_range.cutoff))
+    return start
+
+
+def validate_report(plan: BatchPlan, reports: Iterable[ShardReport]) -> dict[str, Checkpoint]:
+    """Check a job's per-shard report against the plan; return every checkpoint after the batch.
+
+    :returns: shard id -> checkpoint, for every shard the plan knew plus every planned one.
+    :raises ReportValidationError: a planned shard missing or reported twice, an unplanned
+        shard, counts that do not add up, or positions outside the planned range.
+    """
+    by_shard: dict[str, ShardReport] = {}
+    for report in reports:
+        if report.shard_id in by_shard:
+            raise ReportValidationError(f"batch {plan.batch_id}: shard {report.shard_id} reported twice")
+        by_shard[report.shard_id] = report
+    planned = {r.shard_id: r for r in plan.ranges}
+    problems: list[str] = []
+    if missing := sorted(set(planned) - set(by_shard)):
+        problems.append(f"planned shards missing from the report: {', '.join(missing)}")
+    if extra := sorted(set(by_shard) - set(planned)):
+        problems.append(f"unplanned shards in the report: {', '.join(extra)}")
+    checkpoints = dict(plan.checkpoints)
+    for shard_id, rng in planned.items():
+        report = by_shard.get(shard_id)
+        if report is None:
+            continue
+        problems.extend(f"shard {shard_id}: {p}" for p in _range_problems(rng, report))
+        checkpoints[shard_id] = advance(rng, report)
+    if problems:
+        raise ReportValidationError(
+            f"batch {plan.batch_id} of {plan.stream_name}/{plan.consumer_name}: the Spark job's report does "
+            "not match the plan, so nothing is committed: " + "; ".join(problems),
+            batch_id=plan.batch_id,
+        )
+    return checkpoints
+
+
+def _range_problems(rng: ShardRange, report: ShardReport) -> list[str]:
+    problems = []
+    if report.records < 0 or report.bytes < 0:
+        problems.append("negative counts")
+    if (report.records == 0) != (report.last is None) or (report.first is None) != (report.last is None):
+        problems.append(f"{report.records} records but first={report.first}, last={report.last}")
+    if report.first is not None and report.last is not None:
+        if report.last < report.first:
+            problems.append(f"last {report.last} before first {report.first}")
+        start = rng.start_checkpoint.position
+        if start is not None and not _after(report.first, start):
+            problems.append(f"first record {report.first} is not after the checkpoint {start}")
+        if rng.ending_sequence_number and int(report.last.sequence_number) > int(rng.ending_sequence_number):
+            problems.append(f"last record {report.last} is past the shard's end {rng.ending_sequence_number}")
+        if rng.max_records is not None and report.records > rng.max_records and report.kinesis_records > 1:
+            problems.append(f"{report.records} records exceed the cap of {rng.max_records}")
+    return problems
+
+
+def _after(position: ExtendedSequenceNumber, checkpoint: ExtendedSequenceNumber) -> bool:
+    if checkpoint.sub_sequence_number is None:
+        return int(position.sequence_number) > int(checkpoint.sequence_number)
+    return position.key > checkpoint.key

@@ -1,0 +1,523 @@
+"""Read one planned shard range: shard iterators, paging, backoff, de-aggregation, stop rules.
+
+This module is the only place where the stop rules live (DESIGN.md, batch protocol step 2).
+A range is read from its start position until the first of:
+
+* ``cutoff`` — the first Kinesis record whose ``ApproximateArrivalTimestamp`` is at or after the
+  range's cutoff (that record is not read);
+* ``caught_up`` — a ``GetRecords`` response with no records and ``MillisBehindLatest`` 0;
+* ``shard_end`` — ``NextShardIterator`` is null, or the shard's ``EndingSequenceNumber`` was read;
+* ``max_records`` / ``max_bytes`` — the next Kinesis record would pass a cap. An aggregated
+  record is never cut: all of its user records are in the range or none are. The first record
+  of a range is always taken, so a range always moves forward.
+
+No Airflow import: this module runs in Spark executors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+# aws_kinesis_agg's generated messages_pb2 imports "config_pb2" as a top-level module; its
+# deaggregator module puts the package folder on sys.path first. Import it for that side effect.
+import aws_kinesis_agg
+import aws_kinesis_agg.deaggregator  # noqa: F401
+import google.protobuf.message
+from aws_kinesis_agg import messages_pb2
+
+from airflow_kinesis_spark.core.positions import (
+    Checkpoint,
+    ExtendedSequenceNumber,
+    Sentinel,
+    format_timestamp,
+    parse_timestamp,
+    to_utc,
+)
+from airflow_kinesis_spark.exceptions import CorruptAggregateError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "StartPosition",
+    "ShardRange",
+    "UserRecord",
+    "ShardReport",
+    "ShardReader",
+    "deaggregate",
+    "GET_RECORDS_MAX_LIMIT",
+    "THROTTLING_ERRORS",
+]
+
+#: GetRecords returns at most 10,000 records per call (Kinesis API reference, GetRecords).
+GET_RECORDS_MAX_LIMIT = 10_000
+#: GetRecords may be called 5 times per second per shard (Kinesis API reference, GetRecords).
+MIN_CALL_INTERVAL_S = 0.2
+#: Errors that mean "slow down", retried with exponential backoff and full jitter.
+THROTTLING_ERRORS = frozenset(
+    {"ProvisionedThroughputExceededException", "KMSThrottlingException", "LimitExceededException"}
+)
+
+STOP_REASONS = ("cutoff", "caught_up", "shard_end", "max_records", "max_bytes")
+
+
+@dataclass(frozen=True)
+class StartPosition:
+    """Where a shard iterator starts.
+
+    :param iterator_type: ``TRIM_HORIZON``, ``AT_TIMESTAMP``, ``AT_SEQUENCE_NUMBER`` or
+        ``AFTER_SEQUENCE_NUMBER`` (the ``ShardIteratorType`` of GetShardIterator).
+    :param sequence_number: for the two sequence-number types.
+    :param skip_through_sub_sequence_number: with ``AT_SEQUENCE_NUMBER``: user records of that
+        aggregate with a sub-sequence number at or below this are already committed.
+    :param timestamp: for ``AT_TIMESTAMP`` (aware UTC).
+    """
+
+    iterator_type: str
+    sequence_number: str | None = None
+    skip_through_sub_sequence_number: int | None = None
+    timestamp: datetime | None = None
+
+    @classmethod
+    def after(cls, checkpoint: Checkpoint) -> StartPosition:
+        """The position just after a committed checkpoint (not ``SHARD_END``)."""
+        if checkpoint.position is not None:
+            pos = checkpoint.position
+            if pos.sub_sequence_number is None:
+                return cls("AFTER_SEQUENCE_NUMBER", sequence_number=pos.sequence_number)
+            # A sub-sequence checkpoint may sit inside an aggregate (e.g. imported from the KCL):
+            # re-read the aggregate and skip what is committed.
+            return cls(
+                "AT_SEQUENCE_NUMBER",
+                sequence_number=pos.sequence_number,
+                skip_through_sub_sequence_number=pos.sub_sequence_number,
+            )
+        if checkpoint.sentinel is Sentinel.TRIM_HORIZON:
+            return cls("TRIM_HORIZON")
+        if checkpoint.sentinel is Sentinel.AT_TIMESTAMP:
+            return cls("AT_TIMESTAMP", timestamp=checkpoint.timestamp)
+        raise ValueError(f"there is nothing after checkpoint {checkpoint}")
+
+    def iterator_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"ShardIteratorType": self.iterator_type}
+        if self.sequence_number is not None:
+            kwargs["StartingSequenceNumber"] = self.sequence_number
+        if self.timestamp is not None:
+            kwargs["Timestamp"] = self.timestamp
+        return kwargs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "iterator_type": self.iterator_type,
+            "sequence_number": self.sequence_number,
+            "skip_through_sub_sequence_number": self.skip_through_sub_sequence_number,
+            "timestamp": format_timestamp(self.timestamp) if self.timestamp else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StartPosition:
+        ts = data.get("timestamp")
+        return cls(
+            iterator_type=data["iterator_type"],
+            sequence_number=data.get("sequence_number"),
+            skip_through_sub_sequence_number=data.get("skip_through_sub_sequence_number"),
+            timestamp=parse_timestamp(ts) if ts else None,
+        )
+
+    def __str__(self) -> str:
+        if self.sequence_number:
+            skip = self.skip_through_sub_sequence_number
+            return f"{self.iterator_type} {self.sequence_number}" + (f" (skip subs <= {skip})" if skip is not None else "")
+        if self.timestamp:
+            return f"AT_TIMESTAMP {format_timestamp(self.timestamp)}"
+        return self.iterator_type
+
+
+@dataclass(frozen=True)
+class ShardRange:
+    """One shard's part of a batch plan.
+
+    :param shard_id: the shard.
+    :param start: where reading starts (exclusive of the committed checkpoint).
+    :param start_checkpoint: the committed checkpoint ``start`` was derived from.
+    :param cutoff: records with ``ApproximateArrivalTimestamp`` at or after this are not read (UTC).
+    :param ending_sequence_number: the shard's ``EndingSequenceNumber`` when it is closed.
+    :param max_records: cap on user records (``None``: no cap).
+    :param max_bytes: cap on Kinesis record data bytes (``None``: no cap).
+    """
+
+    shard_id: str
+    start: StartPosition
+    start_checkpoint: Checkpoint
+    cutoff: datetime
+    ending_sequence_number: str | None = None
+    max_records: int | None = None
+    max_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard_id": self.shard_id,
+            "start": self.start.to_dict(),
+            "start_checkpoint": self.start_checkpoint.to_dict(),
+            "cutoff": format_timestamp(self.cutoff),
+            "ending_sequence_number": self.ending_sequence_number,
+            "max_records": self.max_records,
+            "max_bytes": self.max_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShardRange:
+        return cls(
+            shard_id=data["shard_id"],
+            start=StartPosition.from_dict(data["start"]),
+            start_checkpoint=Checkpoint.from_dict(data["start_checkpoint"]),
+            cutoff=parse_timestamp(data["cutoff"]),
+            ending_sequence_number=data.get("ending_sequence_number"),
+            max_records=data.get("max_records"),
+            max_bytes=data.get("max_bytes"),
+        )
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    """One user record, in the output schema's order (``data`` is the user record's bytes)."""
+
+    shard_id: str
+    sequence_number: str
+    sub_sequence_number: int | None
+    partition_key: str
+    explicit_hash_key: str | None
+    approximate_arrival_timestamp: datetime
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    """What reading one range found; the commit validates it against the plan.
+
+    :param first: extended sequence number of the first user record read, or ``None``.
+    :param last: of the last user record read, or ``None``.
+    :param records: user records read.
+    :param bytes: user record data bytes read.
+    :param kinesis_records: Kinesis records read (an aggregate counts once).
+    :param kinesis_bytes: Kinesis record data bytes read (what the caps and the service limit).
+    :param shard_end: whether the shard's end was reached.
+    :param stop_reason: one of ``cutoff``, ``caught_up``, ``shard_end``, ``max_records``, ``max_bytes``.
+    :param millis_behind_latest: ``MillisBehindLatest`` of the last response (ms), if any.
+    """
+
+    shard_id: str
+    first: ExtendedSequenceNumber | None
+    last: ExtendedSequenceNumber | None
+    records: int
+    bytes: int
+    kinesis_records: int
+    kinesis_bytes: int
+    shard_end: bool
+    stop_reason: str
+    millis_behind_latest: int | None = None
+    get_records_calls: int = 0
+    throttled_calls: int = 0
+    expired_iterators: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard_id": self.shard_id,
+            "first": self.first.to_dict() if self.first else None,
+            "last": self.last.to_dict() if self.last else None,
+            "records": self.records,
+            "bytes": self.bytes,
+            "kinesis_records": self.kinesis_records,
+            "kinesis_bytes": self.kinesis_bytes,
+            "shard_end": self.shard_end,
+            "stop_reason": self.stop_reason,
+            "millis_behind_latest": self.millis_behind_latest,
+            "get_records_calls": self.get_records_calls,
+            "throttled_calls": self.throttled_calls,
+            "expired_iterators": self.expired_iterators,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShardReport:
+        values = dict(data)
+        for key in ("first", "last"):
+            values[key] = ExtendedSequenceNumber.from_dict(values[key]) if values.get(key) else None
+        return cls(**values)
+
+
+def deaggregate(data: bytes, partition_key: str) -> list[tuple[int | None, str, str | None, bytes]]:
+    """Split a Kinesis record's data into its user records.
+
+    The KPL aggregation format is ``MAGIC + AggregatedRecord protobuf + MD5(protobuf)``
+    (awslabs/amazon-kinesis-producer, aggregation-format.md); the magic, digest size and protobuf
+    message definitions come from aws_kinesis_agg. Unlike its ``deaggregate_records``, a record
+    that carries the magic but fails the MD5 check or does not parse is an error here, never a
+    user record.
+
+    :param data: the Kinesis record's ``Data`` (raw bytes, as boto3 returns it).
+    :param partition_key: the Kinesis record's ``PartitionKey``.
+    :returns: ``[(sub_sequence_number, partition_key, explicit_hash_key, data)]``; a record that
+        is not aggregated gives one tuple with sub-sequence number ``None``.
+    :raises CorruptAggregateError: on an MD5 mismatch or a protobuf that does not parse.
+    """
+    magic = aws_kinesis_agg.MAGIC
+    digest_size = aws_kinesis_agg.DIGEST_SIZE
+    if not data.startswith(magic) or len(data) <= len(magic) + digest_size:
+        return [(None, partition_key, None, data)]
+    body, digest = data[len(magic) : -digest_size], data[-digest_size:]
+    if hashlib.md5(body).digest() != digest:  # noqa: S324 - the KPL format's checksum
+        raise CorruptAggregateError("KPL aggregate failed its MD5 check", reason="md5_mismatch")
+    aggregate = messages_pb2.AggregatedRecord()
+    try:
+        aggregate.ParseFromString(body)
+        keys = list(aggregate.partition_key_table)
+        hash_keys = list(aggregate.explicit_hash_key_table)
+        out = []
+        for sub, record in enumerate(aggregate.records):
+            ehk = hash_keys[record.explicit_hash_key_index] if record.HasField("explicit_hash_key_index") else None
+            out.append((sub, keys[record.partition_key_index], ehk, bytes(record.data)))
+    except (google.protobuf.message.DecodeError, IndexError) as err:
+        raise CorruptAggregateError(f"KPL aggregate does not parse: {err}", reason="bad_protobuf") from err
+    return out
+
+
+@dataclass
+class _Progress:
+    records: int = 0
+    bytes: int = 0
+    kinesis_records: int = 0
+    kinesis_bytes: int = 0
+    first: ExtendedSequenceNumber | None = None
+    last: ExtendedSequenceNumber | None = None
+    last_kinesis_sequence: str | None = None
+    calls: int = 0
+    throttled: int = 0
+    expired: int = 0
+    millis_behind_latest: int | None = None
+    stop_reason: str | None = None
+
+
+class ShardReader:
+    """Reads one :class:`ShardRange` with ``GetRecords``.
+
+    Iterate :meth:`pages` for lists of :class:`UserRecord` (one list per GetRecords response);
+    :attr:`report` is set when the iteration ends.
+
+    :param client: a boto3 Kinesis client.
+    :param stream_name: the stream's name.
+    :param shard_range: what to read.
+    :param limit: ``Limit`` of each GetRecords call, 1..10,000.
+    :param min_call_interval: seconds between two GetRecords calls on this shard (5 per second
+        per shard is the service limit).
+    :param max_throttle_retries: retries of one call on a throttling error before giving up.
+    :param backoff_base: seconds; the n-th retry sleeps uniform(0, min(backoff_cap, base * 2**n)).
+    :param backoff_cap: seconds.
+    :param sleep: injectable ``time.sleep``.
+    :raises CorruptAggregateError: from :meth:`pages` when an aggregate is corrupt.
+    :raises botocore.exceptions.ClientError: when a throttling error persists or another error occurs.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        stream_name: str,
+        shard_range: ShardRange,
+        *,
+        limit: int = GET_RECORDS_MAX_LIMIT,
+        min_call_interval: float = MIN_CALL_INTERVAL_S,
+        max_throttle_retries: int = 12,
+        backoff_base: float = 0.25,
+        backoff_cap: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 1 <= limit <= GET_RECORDS_MAX_LIMIT:
+            raise ValueError(f"limit must be 1..{GET_RECORDS_MAX_LIMIT} (GetRecords Limit), got {limit}")
+        self.client = client
+        self.stream_name = stream_name
+        self.range = shard_range
+        self.limit = limit
+        self.min_call_interval = min_call_interval
+        self.max_throttle_retries = max_throttle_retries
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._sleep = sleep
+        self._clock = clock
+        self._last_call: float | None = None
+        self.report: ShardReport | None = None
+        self._p = _Progress()
+
+    # -- service calls -------------------------------------------------------------------------
+
+    def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+        """Call Kinesis, retrying throttling errors with exponential backoff and full jitter."""
+        attempt = 0
+        while True:
+            try:
+                return getattr(self.client, operation)(**kwargs)
+            except self.client.exceptions.ClientError as err:
+                code = err.response.get("Error", {}).get("Code", "")
+                if code not in THROTTLING_ERRORS or attempt >= self.max_throttle_retries:
+                    raise
+                self._p.throttled += 1
+                delay = random.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
+                log.info("shard %s: %s on %s, retry %d in %.2fs", self.range.shard_id, code, operation, attempt + 1, delay)
+                self._sleep(delay)
+                attempt += 1
+
+    def _iterator(self) -> str | None:
+        """A shard iterator at the range's start, or just after the last Kinesis record read."""
+        if self._p.last_kinesis_sequence is not None:
+            start = StartPosition("AFTER_SEQUENCE_NUMBER", sequence_number=self._p.last_kinesis_sequence)
+        else:
+            start = self.range.start
+        response = self._call(
+            "get_shard_iterator", StreamName=self.stream_name, ShardId=self.range.shard_id, **start.iterator_kwargs()
+        )
+        return response.get("ShardIterator")
+
+    def _get_records(self, iterator: str) -> dict[str, Any] | None:
+        """One paced GetRecords call; ``None`` when the iterator expired."""
+        if self._last_call is not None and self.min_call_interval > 0:
+            wait = self.min_call_interval - (self._clock() - self._last_call)
+            if wait > 0:
+                self._sleep(wait)
+        limit = self.limit
+        if self.range.max_records is not None:
+            limit = max(1, min(limit, self.range.max_records - self._p.records))
+        try:
+            self._p.calls += 1
+            return self._call("get_records", ShardIterator=iterator, Limit=limit)
+        except self.client.exceptions.ExpiredIteratorException:
+            self._p.expired += 1
+            log.info("shard %s: shard iterator expired; renewing after %s", self.range.shard_id, self._p.last_kinesis_sequence)
+            return None
+        finally:
+            self._last_call = self._clock()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def pages(self) -> Iterator[list[UserRecord]]:
+        """Yield the user records of the range, one list per GetRecords response."""
+        rng = self.range
+        cutoff = to_utc(rng.cutoff)
+        ending = int(rng.ending_sequence_number) if rng.ending_sequence_number else None
+        started = time.monotonic()
+        iterator = self._iterator()
+        shard_end = iterator is None
+        while not shard_end and self._p.stop_reason is None:
+            response = self._get_records(iterator)  # type: ignore[arg-type]
+            if response is None:
+                iterator = self._iterator()
+                shard_end = iterator is None
+                continue
+            self._p.millis_behind_latest = response.get("MillisBehindLatest")
+            page: list[UserRecord] = []
+            for record in response.get("Records", []):
+                if self._take(record, cutoff, ending, page):
+                    break
+            if page:
+                yield page
+            if self._p.stop_reason is not None:
+                break
+            iterator = response.get("NextShardIterator")
+            if iterator is None:
+                shard_end = True
+            elif not response.get("Records") and response.get("MillisBehindLatest") == 0:
+                self._p.stop_reason = "caught_up"
+        if shard_end:
+            self._p.stop_reason = "shard_end"
+        p = self._p
+        self.report = ShardReport(
+            shard_id=rng.shard_id,
+            first=p.first,
+            last=p.last,
+            records=p.records,
+            bytes=p.bytes,
+            kinesis_records=p.kinesis_records,
+            kinesis_bytes=p.kinesis_bytes,
+            shard_end=p.stop_reason == "shard_end",
+            stop_reason=p.stop_reason or "caught_up",
+            millis_behind_latest=p.millis_behind_latest,
+            get_records_calls=p.calls,
+            throttled_calls=p.throttled,
+            expired_iterators=p.expired,
+        )
+        log.info(
+            "shard %s: read %d records (%d Kinesis records, %d bytes) from %s, stop=%s, calls=%d, "
+            "throttled=%d, expired=%d, %.2fs",
+            rng.shard_id, p.records, p.kinesis_records, p.kinesis_bytes, rng.start, self.report.stop_reason,
+            p.calls, p.throttled, p.expired, time.monotonic() - started,
+        )  # fmt: skip
+
+    def _take(self, record: Mapping[str, Any], cutoff: datetime, ending: int | None, page: list[UserRecord]) -> bool:
+        """Apply the stop rules to one Kinesis record; add its user records to ``page``.
+
+        :returns: whether reading stops (the record is then not taken unless it ends the shard).
+        """
+        p, rng = self._p, self.range
+        sequence_number = record["SequenceNumber"]
+        arrival = to_utc(record["ApproximateArrivalTimestamp"])
+        if arrival >= cutoff:
+            p.stop_reason = "cutoff"
+            return True
+        if ending is not None and int(sequence_number) > ending:
+            # Past a closed shard's EndingSequenceNumber (only an emulator writes there).
+            p.stop_reason = "shard_end"
+            return True
+        data: bytes = record["Data"]
+        try:
+            users = deaggregate(data, record["PartitionKey"])
+        except CorruptAggregateError as err:
+            raise CorruptAggregateError(
+                f"shard {rng.shard_id}, sequence number {sequence_number}: {err}. The record is left "
+                "unread and no checkpoint moves.",
+                shard_id=rng.shard_id,
+                sequence_number=sequence_number,
+                reason=err.fields.get("reason"),
+            ) from err
+        skip = rng.start.skip_through_sub_sequence_number
+        if skip is not None and rng.start.sequence_number == sequence_number:
+            users = [u for u in users if u[0] is not None and u[0] > skip]
+        size = sum(len(u[3]) for u in users)
+        if p.records > 0:
+            if rng.max_records is not None and p.records + len(users) > rng.max_records:
+                p.stop_reason = "max_records"
+                return True
+            if rng.max_bytes is not None and p.kinesis_bytes + len(data) > rng.max_bytes:
+                p.stop_reason = "max_bytes"
+                return True
+        for sub, key, hash_key, payload in users:
+            page.append(UserRecord(rng.shard_id, sequence_number, sub, key, hash_key, arrival, payload))
+            position = ExtendedSequenceNumber(sequence_number, sub)
+            if p.first is None:
+                p.first = position
+            p.last = position
+        p.records += len(users)
+        p.bytes += size
+        p.kinesis_records += 1
+        p.kinesis_bytes += len(data)
+        p.last_kinesis_sequence = sequence_number
+        if ending is not None and int(sequence_number) == ending:
+            p.stop_reason = "shard_end"
+            return True
+        if rng.max_records is not None and p.records >= rng.max_records:
+            p.stop_reason = "max_records"
+            return True
+        if rng.max_bytes is not None and p.kinesis_bytes >= rng.max_bytes:
+            p.stop_reason = "max_bytes"
+            return True
+        return False
+
+    def read_all(self) -> tuple[list[UserRecord], ShardReport]:
+        """Read the whole range into memory (tests and small ranges)."""
+        out = [r for page in self.pages() for r in page]
+        assert self.report is not None
+        return out, self.report
+

@@ -1,0 +1,371 @@
+"""The checkpoint store: DynamoDB implementation of the batch log and the head pointer.
+
+Layout (one table, created on first use with on-demand billing; any number of consumers):
+
+=================================  =========================================================
+key (``pk``, ``sk``)               item
+=================================  =========================================================
+``{stream}|{consumer}``, ``HEAD``  the head: ``committed_batch_id``, ``committed_owner``,
+                                   ``pending_batch_id``, ``pending_plan_owner``,
+                                   ``pending_owner``, ``pending_report_owner``
+``..., BATCH#{id}#PLAN#{owner}#n`` chunk ``n`` of a batch's plan (JSON, at most 350 KB a chunk)
+``..., BATCH#{id}#REPORT#{owner}#n`` chunk ``n`` of the job's per-shard report
+``..., BATCH#{id}#CKPT#{owner}#n`` chunk ``n`` of every checkpoint after the batch
+``..., LEASE#{shard id}``          per-shard mirror in the KCL's attribute names (``leaseKey``,
+                                   ``checkpoint``, ``checkpointSubSequenceNumber``,
+                                   ``parentShardId``): for people and tools; not authoritative
+=================================  =========================================================
+
+Chunks are keyed by the writer (``owner``), so two writers never overwrite each other's items;
+only the head says which ones count. Every state change of the head is one conditional
+``UpdateItem``: beginning a batch (no batch pending, committed id as read), taking over a pending
+batch, recording a report, and committing (committed id as planned, this batch pending, held by
+this writer). A commit is therefore atomic for any number of shards (DynamoDB items are at most
+400 KB, DynamoDB developer guide; chunking removes the limit on shard count).
+
+No Airflow import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow_kinesis_spark.core.planner import BatchPlan
+from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
+from airflow_kinesis_spark.core.reader import ShardReport
+from airflow_kinesis_spark.exceptions import CheckpointConflictError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "validate_table_name"]
+
+#: Characters of JSON per chunk item; a DynamoDB item holds at most 400 KB.
+CHUNK_CHARS = 350_000
+# DynamoDB table names: 3-255 characters of a-z, A-Z, 0-9, '_', '-', '.' (DynamoDB naming rules).
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
+
+
+def validate_table_name(name: str) -> str:
+    """Return ``name`` if it is a valid DynamoDB table name.
+
+    :raises ValueError: naming the rule (3-255 characters of ``a-z A-Z 0-9 _ - .``).
+    """
+    if not isinstance(name, str) or not _TABLE_NAME.match(name):
+        raise ValueError(
+            f"checkpoint table name {name!r} is not a valid DynamoDB table name: use 3-255 characters "
+            "of a-z, A-Z, 0-9, '_', '-' and '.'"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Head:
+    """The head item of one (stream, consumer)."""
+
+    committed_batch_id: int = 0
+    committed_owner: str | None = None
+    pending_batch_id: int | None = None
+    pending_plan_owner: str | None = None
+    pending_owner: str | None = None
+    pending_report_owner: str | None = None
+
+
+def _now() -> str:
+    return format_timestamp(datetime.now(timezone.utc))
+
+
+class DynamoDBCheckpointStore:
+    """Checkpoints and the batch log of one (stream, consumer) in a DynamoDB table.
+
+    :param client: a boto3 DynamoDB client.
+    :param table_name: the table; created on first use (:meth:`ensure_table`).
+    :param stream_name: the stream.
+    :param consumer_name: the consumer (application) name.
+    """
+
+    def __init__(self, client: Any, table_name: str, stream_name: str, consumer_name: str) -> None:
+        self.client = client
+        self.table_name = validate_table_name(table_name)
+        self.stream_name = stream_name
+        self.consumer_name = consumer_name
+        self.pk = f"{stream_name}|{consumer_name}"
+
+    # -- table ---------------------------------------------------------------------------------
+
+    def ensure_table(self, wait_seconds: float = 120.0) -> None:
+        """Create the table (on-demand billing) if it does not exist, then the head item.
+
+        :raises TimeoutError: if the table is not ``ACTIVE`` within ``wait_seconds``.
+        """
+        try:
+            status = self.client.describe_table(TableName=self.table_name)["Table"]["TableStatus"]
+        except self.client.exceptions.ResourceNotFoundException:
+            log.info("creating checkpoint table %s (on-demand billing)", self.table_name)
+            try:
+                self.client.create_table(
+                    TableName=self.table_name,
+                    AttributeDefinitions=[
+                        {"AttributeName": "pk", "AttributeType": "S"},
+                        {"AttributeName": "sk", "AttributeType": "S"},
+                    ],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+                    BillingMode="PAY_PER_REQUEST",
+                )
+            except self.client.exceptions.ResourceInUseException:
+                pass  # created concurrently
+            status = "CREATING"
+        deadline = time.monotonic() + wait_seconds
+        while status != "ACTIVE":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint table {self.table_name} not ACTIVE after {wait_seconds}s")
+            time.sleep(0.5)
+            status = self.client.describe_table(TableName=self.table_name)["Table"]["TableStatus"]
+        try:
+            self.client.put_item(
+                TableName=self.table_name,
+                Item={
+                    "pk": {"S": self.pk},
+                    "sk": {"S": "HEAD"},
+                    "committed_batch_id": {"N": "0"},
+                    "stream_name": {"S": self.stream_name},
+                    "consumer_name": {"S": self.consumer_name},
+                    "created_at": {"S": _now()},
+                },
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except self.client.exceptions.ConditionalCheckFailedException:
+            pass
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def head(self) -> Head:
+        """Read the head item (strongly consistent)."""
+        item = self.client.get_item(
+            TableName=self.table_name, Key=self._key("HEAD"), ConsistentRead=True
+        ).get("Item")
+        if not item:
+            return Head()
+
+        def num(name: str) -> int | None:
+            return int(item[name]["N"]) if name in item else None
+
+        def text(name: str) -> str | None:
+            return item[name]["S"] if name in item else None
+
+        return Head(
+            committed_batch_id=num("committed_batch_id") or 0,
+            committed_owner=text("committed_owner"),
+            pending_batch_id=num("pending_batch_id"),
+            pending_plan_owner=text("pending_plan_owner"),
+            pending_owner=text("pending_owner"),
+            pending_report_owner=text("pending_report_owner"),
+        )
+
+    def committed_checkpoints(self, head: Head | None = None) -> dict[str, Checkpoint]:
+        """Every shard's committed checkpoint (empty before the first commit)."""
+        head = head or self.head()
+        if head.committed_batch_id == 0 or head.committed_owner is None:
+            return {}
+        data = self._read_chunks(head.committed_batch_id, "CKPT", head.committed_owner)
+        if data is None:
+            raise RuntimeError(
+                f"checkpoint table {self.table_name}: the checkpoints of committed batch "
+                f"{head.committed_batch_id} are missing; the table was edited by hand"
+            )
+        return {k: Checkpoint.from_dict(v) for k, v in data.items()}
+
+    def pending_plan(self, head: Head | None = None) -> BatchPlan | None:
+        """The plan of the pending (planned, uncommitted) batch, if there is one."""
+        head = head or self.head()
+        if head.pending_batch_id is None or head.pending_plan_owner is None:
+            return None
+        data = self._read_chunks(head.pending_batch_id, "PLAN", head.pending_plan_owner)
+        if data is None:
+            raise RuntimeError(f"pending batch {head.pending_batch_id} has no stored plan")
+        return BatchPlan.from_dict(data)
+
+    def pending_report(self, head: Head | None = None) -> list[ShardReport] | None:
+        """The recorded job report of the pending batch, if its output was written."""
+        head = head or self.head()
+        if head.pending_batch_id is None or head.pending_report_owner is None:
+            return None
+        data = self._read_chunks(head.pending_batch_id, "REPORT", head.pending_report_owner)
+        return None if data is None else [ShardReport.from_dict(r) for r in data]
+
+    # -- state changes (each one conditional update of the head) --------------------------------
+
+    def begin(self, plan: BatchPlan, owner: str) -> None:
+        """Persist ``plan`` and make it the pending batch.
+
+        :raises CheckpointConflictError: another batch is pending, or the committed batch is no
+            longer ``plan.batch_id - 1`` (another writer moved on).
+        """
+        self._write_chunks(plan.batch_id, "PLAN", owner, plan.to_dict())
+        self._update_head(
+            "SET pending_batch_id = :n, pending_plan_owner = :o, pending_owner = :o, pending_since = :t "
+            "REMOVE pending_report_owner",
+            "committed_batch_id = :prev AND attribute_not_exists(pending_batch_id)",
+            {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
+             ":prev": {"N": str(plan.batch_id - 1)}},
+            action=f"begin batch {plan.batch_id}",
+            owner=owner,
+        )  # fmt: skip
+        log.info("batch %d planned and persisted (%d shard ranges, owner %s)", plan.batch_id, len(plan.ranges), owner)
+
+    def take_over(self, batch_id: int, owner: str) -> Head:
+        """Become the holder of pending batch ``batch_id`` (a retry re-using its plan).
+
+        The previous holder is fenced off: its report and commit are refused from now on.
+
+        :raises CheckpointConflictError: ``batch_id`` is no longer pending.
+        """
+        previous = self.head().pending_owner
+        self._update_head(
+            "SET pending_owner = :o, pending_since = :t",
+            "pending_batch_id = :n",
+            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()}},
+            action=f"take over pending batch {batch_id}",
+            owner=owner,
+        )
+        log.info("took over pending batch %d from %s", batch_id, previous)
+        return self.head()
+
+    def record_report(self, batch_id: int, owner: str, reports: Iterable[ShardReport]) -> None:
+        """Record that batch ``batch_id``'s output is written, with the job's report.
+
+        :raises CheckpointConflictError: this writer no longer holds the batch.
+        """
+        self._write_chunks(batch_id, "REPORT", owner, [r.to_dict() for r in reports])
+        self._update_head(
+            "SET pending_report_owner = :o",
+            "pending_batch_id = :n AND pending_owner = :o",
+            {":n": {"N": str(batch_id)}, ":o": {"S": owner}},
+            action=f"record the report of batch {batch_id}",
+            owner=owner,
+        )
+
+    def commit(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint], owner: str) -> None:
+        """Advance every checkpoint of the batch in one conditional update of the head.
+
+        Idempotent: if an earlier attempt's commit of this batch by this owner applied (an
+        ambiguous outcome), this returns quietly.
+
+        :raises CheckpointConflictError: the head moved (another writer committed, or took the
+            batch over); the message names the other writer and batch.
+        """
+        self._write_chunks(plan.batch_id, "CKPT", owner, {k: v.to_dict() for k, v in checkpoints.items()})
+        try:
+            self._update_head(
+                "SET committed_batch_id = :n, committed_owner = :o, committed_at = :t "
+                "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner",
+                "committed_batch_id = :prev AND pending_batch_id = :n AND pending_owner = :o",
+                {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
+                 ":prev": {"N": str(plan.batch_id - 1)}},
+                action=f"commit batch {plan.batch_id}",
+                owner=owner,
+            )  # fmt: skip
+        except CheckpointConflictError:
+            head = self.head()
+            if head.committed_batch_id == plan.batch_id and head.committed_owner == owner:
+                log.info("batch %d was already committed by this writer (earlier attempt)", plan.batch_id)
+                return
+            raise
+        log.info("batch %d committed: %d shard checkpoints", plan.batch_id, len(checkpoints))
+        self._mirror_leases(plan, checkpoints)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _key(self, sk: str) -> dict[str, Any]:
+        return {"pk": {"S": self.pk}, "sk": {"S": sk}}
+
+    def _update_head(self, update: str, condition: str, values: dict[str, Any], *, action: str, owner: str) -> None:
+        try:
+            self.client.update_item(
+                TableName=self.table_name,
+                Key=self._key("HEAD"),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeValues=values,
+            )
+        except self.client.exceptions.ConditionalCheckFailedException as err:
+            head = self.head()
+            raise CheckpointConflictError(
+                f"could not {action} for stream {self.stream_name!r}, consumer {self.consumer_name!r} "
+                f"(writer {owner}): the checkpoint store moved on. Committed batch is "
+                f"{head.committed_batch_id} (by {head.committed_owner}); pending batch is "
+                f"{head.pending_batch_id} held by {head.pending_owner}. Another run of this consumer "
+                "is active or finished first; this run's output is not committed.",
+                stream_name=self.stream_name,
+                consumer_name=self.consumer_name,
+                committed_batch_id=head.committed_batch_id,
+                pending_batch_id=head.pending_batch_id,
+                other_owner=head.pending_owner or head.committed_owner,
+            ) from err
+
+    def _prefix(self, batch_id: int, kind: str, owner: str) -> str:
+        return f"BATCH#{batch_id:020d}#{kind}#{owner}#"
+
+    def _write_chunks(self, batch_id: int, kind: str, owner: str, payload: Any) -> None:
+        text = json.dumps(payload, separators=(",", ":"), sort_keys=True)
+        chunks = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+        prefix = self._prefix(batch_id, kind, owner)
+        for index, chunk in enumerate(chunks):
+            self.client.put_item(
+                TableName=self.table_name,
+                Item={
+                    **self._key(f"{prefix}{index:05d}"),
+                    "body": {"S": chunk},
+                    "chunks": {"N": str(len(chunks))},
+                    "written_at": {"S": _now()},
+                },
+            )
+
+    def _read_chunks(self, batch_id: int, kind: str, owner: str) -> Any | None:
+        prefix = self._prefix(batch_id, kind, owner)
+        items: list[dict[str, Any]] = []
+        paginator = self.client.get_paginator("query")
+        for page in paginator.paginate(
+            TableName=self.table_name,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues={":pk": {"S": self.pk}, ":prefix": {"S": prefix}},
+            ConsistentRead=True,
+        ):
+            items.extend(page.get("Items", []))
+        if not items:
+            return None
+        expected = int(items[0]["chunks"]["N"])
+        if len(items) != expected:
+            raise RuntimeError(f"{kind} of batch {batch_id}: {len(items)} of {expected} chunks found")
+        items.sort(key=lambda i: i["sk"]["S"])
+        return json.loads("".join(i["body"]["S"] for i in items))
+
+    def _mirror_leases(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]) -> None:
+        """Write the per-shard KCL-style items of the planned shards. Best effort: never raises."""
+        planned = {r.shard_id for r in plan.ranges}
+        try:
+            for shard_id in sorted(planned):
+                checkpoint = checkpoints[shard_id]
+                position = checkpoint.position
+                item = {
+                    **self._key(f"LEASE#{shard_id}"),
+                    "leaseKey": {"S": shard_id},
+                    "leaseOwner": {"S": self.consumer_name},
+                    "checkpoint": {"S": position.sequence_number if position else checkpoint.sentinel.value},  # type: ignore[union-attr]
+                    "checkpointSubSequenceNumber": {"N": str((position.sub_sequence_number or 0) if position else 0)},
+                    "batchId": {"N": str(plan.batch_id)},
+                }
+                self.client.put_item(
+                    TableName=self.table_name,
+                    Item=item,
+                    ConditionExpression="attribute_not_exists(batchId) OR batchId < :n",
+                    ExpressionAttributeValues={":n": {"N": str(plan.batch_id)}},
+                )
+        except Exception as err:  # noqa: BLE001 - the mirror is derived data
+            log.warning("could not update the KCL-style lease mirror: %s", err)

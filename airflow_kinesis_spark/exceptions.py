@@ -1,0 +1,70 @@
+"""Domain exceptions of the provider.
+
+No Airflow import: these are raised in Spark executors too. Every exception pickles and
+unpickles to an equal message (Spark ships task errors between processes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "KinesisSparkError",
+    "StreamNotFoundError",
+    "CheckpointConflictError",
+    "DataLossError",
+    "CorruptAggregateError",
+    "ReportValidationError",
+]
+
+
+class KinesisSparkError(Exception):
+    """Base class. ``fields`` are kept so the error pickles with its message intact."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), self.fields))
+
+
+def _rebuild(cls: type[KinesisSparkError], message: str, fields: dict[str, Any]) -> KinesisSparkError:
+    err = cls.__new__(cls)
+    KinesisSparkError.__init__(err, message, **fields)
+    return err
+
+
+class StreamNotFoundError(KinesisSparkError):
+    """The stream does not exist where the client looked (names stream, region and endpoint)."""
+
+    @classmethod
+    def for_client(cls, stream_name: str, client: Any) -> StreamNotFoundError:
+        region = getattr(getattr(client, "meta", None), "region_name", None)
+        endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None)
+        return cls(
+            f"Kinesis stream {stream_name!r} does not exist in region {region!r} at endpoint "
+            f"{endpoint!r}. Check the stream name, and the region and endpoint_url of the AWS "
+            "connection (extras 'region_name', 'endpoint_url').",
+            stream_name=stream_name,
+            region=region,
+            endpoint=endpoint,
+        )
+
+
+class CheckpointConflictError(KinesisSparkError):
+    """A conditional write on the checkpoint store lost to another writer. Never retried blindly."""
+
+
+class DataLossError(KinesisSparkError):
+    """Records would be skipped (trim horizon passed, shard vanished unread). Needs ``allow_data_loss``."""
+
+
+class CorruptAggregateError(KinesisSparkError):
+    """A KPL-aggregated Kinesis record failed its MD5 check or did not parse."""
+
+
+class ReportValidationError(KinesisSparkError):
+    """The Spark job's per-shard report does not match the batch plan; nothing is committed."""

@@ -1,0 +1,229 @@
+"""PySpark job: read a planned batch of Kinesis shard ranges, write Parquet, report per shard.
+
+Submitted by ``KinesisToSparkOperator`` (spark-submit) with::
+
+    kinesis_batch.py --plan-file PLAN.json --report-file REPORT.json [--transform module:function]
+
+* One Spark task per shard range: a DataFrame of ranges read with ``mapInArrow`` (works classic
+  and over Spark Connect). Each task reads its range with ``airflow_kinesis_spark.core.reader``.
+* The read is cached on disk, so Kinesis is read once per batch: the per-shard reports are
+  collected from it, then the records are transformed and written from it.
+* Output: Spark's Parquet writer, mode ``overwrite``, at the plan's ``output_location`` (derived
+  from the batch id), so a re-run of the batch replaces its output. No records, no files.
+* AWS credentials, region and endpoint come from the driver's environment
+  (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``,
+  ``AWS_ENDPOINT_URL_KINESIS``), never from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+log = logging.getLogger("airflow_kinesis_spark.spark_job")
+
+#: Environment variables handed to the executors' Kinesis clients.
+AWS_ENV_VARS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_KINESIS",
+    "AWS_CA_BUNDLE",
+)
+
+OUTPUT_COLUMNS = (
+    "stream_name string, shard_id string, sequence_number string, sub_sequence_number long, "
+    "partition_key string, explicit_hash_key string, approximate_arrival_timestamp timestamp, data binary"
+)
+RAW_SCHEMA = OUTPUT_COLUMNS + ", _report string"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Read one planned Kinesis batch into Parquet.")
+    parser.add_argument("--plan-file", required=True, help="the batch plan (JSON)")
+    parser.add_argument("--report-file", required=True, help="where to write the per-shard report (JSON)")
+    parser.add_argument("--transform", default=None, help="optional module:function, DataFrame -> DataFrame")
+    parser.add_argument("--limit", type=int, default=10_000, help="GetRecords Limit (1..10,000)")
+    parser.add_argument("--min-call-interval", type=float, default=0.2, help="seconds between GetRecords calls per shard")
+    return parser.parse_args(argv)
+
+
+def resolve_transform(spec: str | None) -> Callable[[Any], Any] | None:
+    """Import ``module:function``; ``None`` for no transform.
+
+    :raises ValueError: when the spec is malformed, the module does not import, or the function
+        is missing or not callable.
+    """
+    if not spec:
+        return None
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(f"transform {spec!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"transform {spec!r}: module {module_name!r} does not import ({err})") from err
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ValueError(f"transform {spec!r}: {module_name} has no callable {func_name!r}")
+    return func
+
+
+def build_session(app_name: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.appName(app_name)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .getOrCreate()
+    )
+
+
+def make_reader_function(stream_name: str, aws_env: dict[str, str], limit: int, min_call_interval: float) -> Callable:
+    """The ``mapInArrow`` function: each input row is one shard range (JSON)."""
+
+    def read_ranges(batches: Iterator[Any]) -> Iterator[Any]:
+        import boto3
+        import pyarrow as pa
+        from botocore.config import Config
+
+        from airflow_kinesis_spark.core.reader import ShardRange, ShardReader
+
+        session = boto3.session.Session(
+            aws_access_key_id=aws_env.get("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=aws_env.get("AWS_SECRET_ACCESS_KEY"),
+            aws_session_token=aws_env.get("AWS_SESSION_TOKEN"),
+            region_name=aws_env.get("AWS_DEFAULT_REGION") or aws_env.get("AWS_REGION"),
+        )
+        client = session.client(
+            "kinesis",
+            endpoint_url=aws_env.get("AWS_ENDPOINT_URL_KINESIS") or aws_env.get("AWS_ENDPOINT_URL"),
+            verify=aws_env.get("AWS_CA_BUNDLE") or None,
+            config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60),
+        )
+        schema = pa.schema(
+            [
+                ("stream_name", pa.string()),
+                ("shard_id", pa.string()),
+                ("sequence_number", pa.string()),
+                ("sub_sequence_number", pa.int64()),
+                ("partition_key", pa.string()),
+                ("explicit_hash_key", pa.string()),
+                ("approximate_arrival_timestamp", pa.timestamp("us", tz="UTC")),
+                ("data", pa.binary()),
+                ("_report", pa.string()),
+            ]
+        )
+        for batch in batches:
+            for range_json in batch.column(0).to_pylist():
+                reader = ShardReader(
+                    client, stream_name, ShardRange.from_dict(json.loads(range_json)),
+                    limit=limit, min_call_interval=min_call_interval,
+                )  # fmt: skip
+                for page in reader.pages():
+                    n = len(page)
+                    yield pa.RecordBatch.from_arrays(
+                        [
+                            pa.array([stream_name] * n, pa.string()),
+                            pa.array([r.shard_id for r in page], pa.string()),
+                            pa.array([r.sequence_number for r in page], pa.string()),
+                            pa.array([r.sub_sequence_number for r in page], pa.int64()),
+                            pa.array([r.partition_key for r in page], pa.string()),
+                            pa.array([r.explicit_hash_key for r in page], pa.string()),
+                            pa.array([r.approximate_arrival_timestamp for r in page], pa.timestamp("us", tz="UTC")),
+                            pa.array([r.data for r in page], pa.binary()),
+                            pa.nulls(n, pa.string()),
+                        ],
+                        schema=schema,
+                    )
+                assert reader.report is not None
+                report = json.dumps(reader.report.to_dict())
+                row = [pa.nulls(1, f.type) for f in schema][:-1] + [pa.array([report], pa.string())]
+                yield pa.RecordBatch.from_arrays(row, schema=schema)
+
+    return read_ranges
+
+
+def read_batch(spark: Any, plan: dict[str, Any], aws_env: dict[str, str], limit: int, min_call_interval: float) -> Any:
+    """A DataFrame of the batch's user records plus one ``_report`` row per shard range."""
+    from pyspark.sql import functions as F
+
+    ranges = [json.dumps(r, sort_keys=True) for r in plan["ranges"]]
+    n = len(ranges)
+    range_df = spark.range(0, n, 1, n).select(
+        F.element_at(F.array(*[F.lit(r) for r in ranges]), (F.col("id") + 1).cast("int")).alias("range")
+    )
+    reader = make_reader_function(plan["stream_name"], aws_env, limit, min_call_interval)
+    return range_df.mapInArrow(reader, RAW_SCHEMA)
+
+
+def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], limit: int, min_call_interval: float) -> dict[str, Any]:
+    """Read, write and report one batch; returns the report document."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    raw = read_batch(spark, plan, aws_env, limit, min_call_interval).persist(StorageLevel.DISK_ONLY)
+    try:
+        reports = [json.loads(r[0]) for r in raw.where(F.col("_report").isNotNull()).select("_report").collect()]
+        read_seconds = time.monotonic() - started
+        records = sum(r["records"] for r in reports)
+        location = plan["output_location"]
+        rows_written = 0
+        if records > 0:
+            data = raw.where(F.col("_report").isNull()).drop("_report")
+            if transform is not None:
+                data = transform(data)
+            data.write.mode("overwrite").parquet(location)
+            rows_written = records
+        else:
+            log.info("batch %s: no records in the planned ranges; nothing written", plan["batch_id"])
+    finally:
+        raw.unpersist()
+    return {
+        "batch_id": plan["batch_id"],
+        "output_location": location if records > 0 else None,
+        "records": records,
+        "rows_written": rows_written,
+        "read_seconds": round(read_seconds, 3),
+        "total_seconds": round(time.monotonic() - started, 3),
+        "reports": reports,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    transform = resolve_transform(args.transform)  # fail before reading anything
+    with open(args.plan_file, encoding="utf-8") as fh:
+        plan = json.load(fh)
+    aws_env = {k: os.environ[k] for k in AWS_ENV_VARS if os.environ.get(k)}
+    spark = build_session(f"kinesis-batch-{plan['stream_name']}-{plan['consumer_name']}-{plan['batch_id']}")
+    try:
+        result = run(spark, plan, transform, aws_env, args.limit, args.min_call_interval)
+    finally:
+        spark.stop()
+    tmp = args.report_file + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    os.replace(tmp, args.report_file)
+    log.info(
+        "batch %s: %d records from %d shard ranges written to %s in %.1fs",
+        plan["batch_id"], result["records"], len(result["reports"]), result["output_location"], result["total_seconds"],
+    )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
