@@ -18,7 +18,6 @@ Submitted by ``KinesisToSparkOperator`` (spark-submit) with::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -26,6 +25,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from airflow_kinesis_spark.core.transform import resolve_transform
 
 log = logging.getLogger("airflow_kinesis_spark.spark_job")
 
@@ -56,27 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=10_000, help="GetRecords Limit (1..10,000)")
     parser.add_argument("--min-call-interval", type=float, default=0.2, help="seconds between GetRecords calls per shard")
     return parser.parse_args(argv)
-
-
-def resolve_transform(spec: str | None) -> Callable[[Any], Any] | None:
-    """Import ``module:function``; ``None`` for no transform.
-
-    :raises ValueError: when the spec is malformed, the module does not import, or the function
-        is missing or not callable.
-    """
-    if not spec:
-        return None
-    module_name, sep, func_name = spec.partition(":")
-    if not sep or not module_name or not func_name:
-        raise ValueError(f"transform {spec!r} must look like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"transform {spec!r}: module {module_name!r} does not import ({err})") from err
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise ValueError(f"transform {spec!r}: {module_name} has no callable {func_name!r}")
-    return func
 
 
 def build_session(app_name: str) -> Any:

@@ -521,3 +521,25 @@ class ShardReader:
         assert self.report is not None
         return out, self.report
 
+
+
+def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
+    """Look for a first record in a range without reading the range (``Limit`` 1).
+
+    The stop rules are those of a full read, so a report with ``records == 0`` is the full
+    report of an empty range (cutoff, caught up or shard end), and the batch needs no Spark job.
+    An aggregated first record is read whole.
+
+    :returns: the report of reading at most one Kinesis record of the range.
+    """
+    capped = ShardRange(
+        shard_id=shard_range.shard_id,
+        start=shard_range.start,
+        start_checkpoint=shard_range.start_checkpoint,
+        cutoff=shard_range.cutoff,
+        ending_sequence_number=shard_range.ending_sequence_number,
+        max_records=1,
+        max_bytes=shard_range.max_bytes,
+    )
+    reader = ShardReader(client, stream_name, capped, limit=1, **reader_kwargs)
+    return reader.read_all()[1]

@@ -1,0 +1,36 @@
+"""Provider metadata read by Airflow's ProvidersManager (``apache_airflow_provider`` entry point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_kinesis_spark import __version__
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-kinesis-spark",
+        "name": "Kinesis to Spark",
+        "description": "Exactly-once, bounded Amazon Kinesis Data Streams to PySpark micro-batches "
+        "with atomic DynamoDB checkpoints.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Amazon Kinesis Data Streams to Spark",
+                "external-doc-url": "https://docs.aws.amazon.com/kinesis/latest/APIReference/Welcome.html",
+                "tags": ["aws", "apache"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Amazon Kinesis Data Streams to Spark",
+                "python-modules": ["airflow_kinesis_spark.operators.kinesis_to_spark"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "Amazon Kinesis Data Streams to Spark",
+                "python-modules": ["airflow_kinesis_spark.hooks.kinesis", "airflow_kinesis_spark.hooks.dynamodb"],
+            }
+        ],
+    }

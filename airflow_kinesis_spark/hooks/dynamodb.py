@@ -1,0 +1,33 @@
+"""Hook for the DynamoDB checkpoint store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
+__all__ = ["DynamoDBCheckpointHook"]
+
+
+class DynamoDBCheckpointHook(AwsBaseHook):
+    """Checkpoints and batch log of Kinesis consumers in DynamoDB.
+
+    Credentials, region and ``endpoint_url`` come from the ``aws`` connection. Additional
+    arguments (such as ``aws_conn_id``) are passed down to
+    :class:`~airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook`.
+
+    .. seealso:: docs/concepts.md (the checkpoint store's layout)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["client_type"] = "dynamodb"
+        super().__init__(*args, **kwargs)
+
+    def get_store(self, table_name: str, stream_name: str, consumer_name: str) -> DynamoDBCheckpointStore:
+        """The checkpoint store of one (stream, consumer) in ``table_name``.
+
+        :raises ValueError: when ``table_name`` breaks DynamoDB's naming rules.
+        """
+        return DynamoDBCheckpointStore(self.conn, table_name, stream_name, consumer_name)

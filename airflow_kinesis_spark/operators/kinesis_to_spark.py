@@ -1,0 +1,424 @@
+"""KinesisToSparkOperator: one exactly-once micro-batch, plan -> read -> write -> commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+import uuid
+import zipfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from airflow.sdk import BaseOperator, Context
+
+import airflow_kinesis_spark
+from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS, BatchPlan, plan_incremental, validate_report
+from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, parse_timestamp
+from airflow_kinesis_spark.core.reader import ShardReport, probe_range
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, validate_table_name
+from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
+from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
+from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook, validate_stream_name
+from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
+
+__all__ = ["KinesisToSparkOperator", "spark_script_path"]
+
+# Consumer (application) names: as KCL application names, 1-128 of a-z A-Z 0-9 _ - .
+_CONSUMER_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
+SPARK_SCRIPT = "kinesis_batch.py"
+
+
+def spark_script_path() -> str:
+    """Path of the PySpark job: inside the installed wheel, or ``spark_scripts/`` of a checkout."""
+    package = Path(airflow_kinesis_spark.__file__).resolve().parent
+    for candidate in (package / "spark_scripts" / SPARK_SCRIPT, package.parent / "spark_scripts" / SPARK_SCRIPT):
+        if candidate.is_file():
+            return str(candidate)
+    raise FileNotFoundError(f"{SPARK_SCRIPT} is not shipped with airflow_kinesis_spark at {package}")
+
+
+def _core_zip(directory: str) -> str:
+    """Zip the Airflow-free part of ``airflow_kinesis_spark`` (core, transforms, exceptions) for Spark."""
+    package = Path(airflow_kinesis_spark.__file__).resolve().parent
+    target = Path(directory) / "airflow_kinesis_spark_core.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in [
+            package / "__init__.py",
+            package / "exceptions.py",
+            *sorted((package / "core").glob("*.py")),
+            *sorted((package / "transforms").glob("*.py")),
+        ]:
+            zf.write(path, f"airflow_kinesis_spark/{path.relative_to(package)}")
+    return str(target)
+
+
+def _check_local_output(path: str) -> None:
+    """Fail early when a local output path cannot be written (remote paths are Spark's to check)."""
+    parsed = urlparse(path)
+    if parsed.scheme not in ("", "file"):
+        return
+    local = Path(parsed.path if parsed.scheme else path)
+    probe = local
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"output_path {path!r} cannot be written: {str(probe)!r} is a file, not a directory")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"output_path {path!r} cannot be written: no write permission on {str(probe)!r}")
+
+
+class KinesisToSparkOperator(BaseOperator):
+    """Read every shard of a Kinesis stream from its checkpoint to the cutoff into Parquet, exactly once.
+
+    One run is one batch of the batch protocol: **plan** (committed checkpoints + shard lineage,
+    persisted in the checkpoint table before any record is read), **read** and **write** (a
+    PySpark job submitted with the apache-spark provider's ``SparkSubmitHook``: one task per shard,
+    Parquet at ``{output_path}/batch_id={N}``), **commit** (the job's per-shard report is
+    validated against the plan, then every checkpoint advances in one conditional write).
+
+    A failed run leaves its plan pending; the next attempt re-uses it (never replaces it), so a
+    retry reads the same records and overwrites the same output. A run with no new records starts
+    no Spark job and writes no files.
+
+    .. seealso:: docs/operators.md
+
+    :param stream_name: the Kinesis stream (templated).
+    :param consumer_name: the consumer (application) name: the namespace of the checkpoints (templated).
+    :param checkpoint_table: DynamoDB table of the checkpoints; created on first use (templated).
+    :param output_path: root of the output; batch ``N`` goes to ``{output_path}/batch_id=N``. Any
+        path Spark's Parquet writer takes (local, ``s3a://``, ...) (templated).
+    :param transform: optional ``package.module:function`` taking and returning a pyspark
+        DataFrame, applied before the write (templated).
+    :param cutoff: records arriving at or after this time are left for the next batch (ISO 8601 or
+        datetime, UTC). Default: the run's ``data_interval_end``; ``now`` for manual runs. Never
+        later than the planning time (templated).
+    :param initial_position: where a never-seen shard starts: ``TRIM_HORIZON`` (default),
+        ``LATEST`` or ``AT_TIMESTAMP``. Children of checkpointed shards always start at
+        ``TRIM_HORIZON`` (templated).
+    :param initial_timestamp: with ``AT_TIMESTAMP`` (ISO 8601, UTC) (templated).
+    :param max_records_per_shard: cap on user records read per shard per batch, or ``None``.
+        An aggregated record is never cut, so a batch may pass the cap by one aggregate.
+    :param max_bytes_per_shard: cap on Kinesis record bytes read per shard per batch, or ``None``.
+    :param aws_conn_id: the ``aws`` connection for Kinesis and DynamoDB (templated).
+    :param region_name: overrides the connection's region (templated).
+    :param spark_conn_id: the ``spark`` connection; if it does not exist, ``local[*]``.
+    :param spark_conf: extra ``--conf`` of spark-submit (templated, JSON).
+    :param spark_py_files: extra ``--py-files`` (comma-separated), e.g. for the transform's module.
+    :param get_records_limit: ``Limit`` of each GetRecords call, 1..10,000 (Kinesis API reference).
+    :param min_call_interval: seconds between two GetRecords calls on one shard; 0.2 matches the
+        service's 5 calls per second per shard.
+    :returns: (XCom) the batch summary: ``batch_id``, ``status`` (``committed``,
+        ``committed_without_records`` or ``no_new_records``), ``records``, ``bytes``,
+        ``output_path``, ``cutoff``, ``reused_plan`` and ``shards`` (per shard: ``records``,
+        ``bytes``, ``first``, ``last``, ``checkpoint``, ``stop_reason``, ``shard_end``).
+    :raises ValueError: bad arguments (names, caps, transform, output path), before anything is read.
+    :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
+    :raises CheckpointConflictError: another run of this consumer moved the checkpoints.
+    :raises ReportValidationError: the job's report does not match the plan; nothing is committed.
+    :raises RuntimeError: the Spark job failed; the plan stays pending for the next attempt.
+    """
+
+    template_fields: Sequence[str] = (
+        "stream_name",
+        "consumer_name",
+        "checkpoint_table",
+        "output_path",
+        "transform",
+        "cutoff",
+        "initial_position",
+        "initial_timestamp",
+        "aws_conn_id",
+        "region_name",
+        "spark_conf",
+    )
+    template_fields_renderers = {"spark_conf": "json"}
+    ui_color = "#f4a460"
+
+    def __init__(
+        self,
+        *,
+        stream_name: str,
+        consumer_name: str,
+        checkpoint_table: str,
+        output_path: str,
+        transform: str | None = None,
+        cutoff: str | datetime | None = None,
+        initial_position: str = "TRIM_HORIZON",
+        initial_timestamp: str | datetime | None = None,
+        max_records_per_shard: int | None = None,
+        max_bytes_per_shard: int | None = None,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        spark_conn_id: str = "spark_default",
+        spark_conf: dict[str, Any] | None = None,
+        spark_py_files: str | None = None,
+        get_records_limit: int = 10_000,
+        min_call_interval: float = 0.2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.stream_name = stream_name
+        self.consumer_name = consumer_name
+        self.checkpoint_table = checkpoint_table
+        self.output_path = output_path
+        self.transform = transform
+        self.cutoff = cutoff
+        self.initial_position = initial_position
+        self.initial_timestamp = initial_timestamp
+        self.max_records_per_shard = max_records_per_shard
+        self.max_bytes_per_shard = max_bytes_per_shard
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+        self.spark_conn_id = spark_conn_id
+        self.spark_conf = spark_conf
+        self.spark_py_files = spark_py_files
+        self.get_records_limit = get_records_limit
+        self.min_call_interval = min_call_interval
+        self._spark_hook: BatchSparkSubmitHook | None = None
+
+    @cached_property
+    def kinesis_hook(self) -> KinesisStreamHook:
+        return KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+
+    @cached_property
+    def checkpoint_hook(self) -> DynamoDBCheckpointHook:
+        return DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check every argument; called first in :meth:`execute`, before any I/O.
+
+        :raises ValueError: naming the argument, the problem and the fix.
+        """
+        validate_stream_name(self.stream_name)
+        validate_table_name(self.checkpoint_table)
+        if not isinstance(self.consumer_name, str) or not _CONSUMER_NAME.match(self.consumer_name):
+            raise ValueError(
+                f"consumer_name {self.consumer_name!r} is not valid: use 1-128 characters of a-z, A-Z, 0-9, '_', '-', '.'"
+            )
+        for name in ("max_records_per_shard", "max_bytes_per_shard"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None; got {value!r}")
+        if not 1 <= int(self.get_records_limit) <= 10_000:
+            raise ValueError(f"get_records_limit must be 1..10,000 (GetRecords Limit); got {self.get_records_limit!r}")
+        if self.min_call_interval < 0:
+            raise ValueError(f"min_call_interval must be >= 0 seconds; got {self.min_call_interval!r}")
+        if self.initial_position not in INITIAL_POSITIONS:
+            raise ValueError(f"initial_position must be one of {', '.join(INITIAL_POSITIONS)}; got {self.initial_position!r}")
+        if self.initial_position == "AT_TIMESTAMP" and not self.initial_timestamp:
+            raise ValueError("initial_position='AT_TIMESTAMP' needs initial_timestamp (ISO 8601, UTC)")
+        if not self.output_path or not isinstance(self.output_path, str):
+            raise ValueError("output_path is required: a directory Spark can write Parquet to")
+        _check_local_output(self.output_path)
+        if self.transform:
+            check_transform_spec(self.transform)
+            resolve_transform(self.transform)
+
+    # -- the batch -----------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        self.validate()
+        store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
+        owner = self._owner(context)
+        store.ensure_table()
+        head = store.head()
+        plan = store.pending_plan(head)
+        reports: list[ShardReport] | None = None
+        reused = plan is not None
+        if plan is not None:
+            self.log.info(
+                "Re-using the pending plan of batch %d (planned %s, cutoff %s, %d shard ranges)",
+                plan.batch_id, format_timestamp(plan.created_at), format_timestamp(plan.cutoff), len(plan.ranges),
+            )  # fmt: skip
+            head = store.take_over(plan.batch_id, owner)
+            reports = store.pending_report(head)
+            if reports is not None:
+                self.log.info("Batch %d's output was already written; committing without re-running Spark", plan.batch_id)
+        else:
+            plan = self._plan(store, head.committed_batch_id + 1, context)
+            if not plan.ranges:
+                self.log.info("No shard to read: every shard is at SHARD_END or waiting for its parents (%s)", plan.waiting)
+                return self._summary(plan, [], plan.checkpoints, "no_new_records", reused)
+            probes = self._probe(plan)
+            if not any(r.records for r in probes):
+                return self._commit_without_records(store, plan, probes, owner)
+            store.begin(plan, owner)
+        if reports is None:
+            reports = self._run_spark(plan)
+            store.record_report(plan.batch_id, owner, reports)
+        checkpoints = validate_report(plan, reports)
+        store.commit(plan, checkpoints, owner)
+        summary = self._summary(plan, reports, checkpoints, "committed", reused)
+        self.log.info(
+            "Batch %d committed: %d records from %d shards, output %s",
+            plan.batch_id, summary["records"], len(plan.ranges), plan.output_location,
+        )  # fmt: skip
+        return summary
+
+    def _plan(self, store: DynamoDBCheckpointStore, batch_id: int, context: Context) -> BatchPlan:
+        now = datetime.now(timezone.utc)
+        cutoff = self._cutoff(context, now)
+        shards = self.kinesis_hook.list_shards(self.stream_name)
+        plan = plan_incremental(
+            batch_id=batch_id,
+            stream_name=self.stream_name,
+            consumer_name=self.consumer_name,
+            shards=shards,
+            checkpoints=store.committed_checkpoints(),
+            cutoff=cutoff,
+            now=now,
+            output_location=f"{self.output_path.rstrip('/')}/batch_id={batch_id}",
+            initial_position=self.initial_position,
+            initial_timestamp=parse_timestamp(self.initial_timestamp) if self.initial_timestamp else None,
+            max_records_per_shard=self.max_records_per_shard,
+            max_bytes_per_shard=self.max_bytes_per_shard,
+        )
+        for rng in plan.ranges:
+            self.log.info("Plan batch %d: shard %s from %s to cutoff %s", batch_id, rng.shard_id, rng.start, format_timestamp(rng.cutoff))
+        return plan
+
+    def _cutoff(self, context: Context, now: datetime) -> datetime:
+        if self.cutoff:
+            return parse_timestamp(self.cutoff)
+        dag_run = context.get("dag_run")
+        run_type = str(getattr(dag_run, "run_type", "") or "").lower()
+        interval_end = context.get("data_interval_end")
+        if interval_end is None or "manual" in run_type:
+            return now
+        return parse_timestamp(interval_end)
+
+    def _probe(self, plan: BatchPlan) -> list[ShardReport]:
+        """Look for a first record in every range (``Limit`` 1), in parallel threads."""
+        client = self.kinesis_hook.conn
+        with ThreadPoolExecutor(max_workers=min(16, len(plan.ranges))) as pool:
+            return list(pool.map(lambda rng: probe_range(client, plan.stream_name, rng, min_call_interval=self.min_call_interval), plan.ranges))
+
+    def _commit_without_records(
+        self, store: DynamoDBCheckpointStore, plan: BatchPlan, probes: list[ShardReport], owner: str
+    ) -> dict[str, Any]:
+        """No planned range has a record: skip Spark. Commit only if a checkpoint must be recorded
+        (a new shard's starting position, or a shard's end)."""
+        checkpoints = validate_report(plan, probes)
+        newly_ended = [k for k, v in checkpoints.items() if v.is_shard_end and not (plan.checkpoints.get(k) or v).is_shard_end]
+        new_shards = sorted(set(checkpoints) - set(plan.checkpoints))
+        if not newly_ended and not new_shards:
+            self.log.info("No new records in %d shards before cutoff %s: no Spark job, no files, no batch", len(plan.ranges), format_timestamp(plan.cutoff))
+            return self._summary(plan, probes, plan.checkpoints, "no_new_records", False)
+        self.log.info(
+            "No new records; recording checkpoints without a Spark job (new shards: %s; shards ended: %s)",
+            new_shards, newly_ended,
+        )  # fmt: skip
+        store.begin(plan, owner)
+        store.commit(plan, checkpoints, owner)
+        return self._summary(plan, probes, checkpoints, "committed_without_records", False)
+
+    def _spark_hook_for(self, plan: BatchPlan, plan_file: str, report_file: str, py_files: str) -> BatchSparkSubmitHook:
+        application_args = [
+            "--plan-file", plan_file, "--report-file", report_file,
+            "--limit", str(self.get_records_limit), "--min-call-interval", str(self.min_call_interval),
+        ]  # fmt: skip
+        if self.transform:
+            application_args += ["--transform", self.transform]
+        py_files = ",".join(p for p in (py_files, self.spark_py_files) if p)
+        name = f"kinesis-batch-{plan.stream_name}-{plan.consumer_name}-{plan.batch_id}"
+
+        def build(env: dict[str, str] | None) -> BatchSparkSubmitHook:
+            return BatchSparkSubmitHook(
+                conf=dict(self.spark_conf or {}), conn_id=self.spark_conn_id, py_files=py_files,
+                application_args=application_args, env_vars=env, name=name,
+            )  # fmt: skip
+
+        # On YARN and Kubernetes the provider turns env_vars into --conf options on the command
+        # line; credentials must not go there, so the cluster's own role is used instead.
+        on_command_line = build(None).env_goes_on_command_line
+        if on_command_line:
+            self.log.info("Spark master is YARN/Kubernetes: the job uses the cluster's AWS credentials")
+        env = self.kinesis_hook.spark_environment(include_credentials=not on_command_line)
+        env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
+        hook = build(env)
+        return hook
+
+    def _run_spark(self, plan: BatchPlan) -> list[ShardReport]:
+        with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:
+            plan_file = os.path.join(tmp, "plan.json")
+            report_file = os.path.join(tmp, "report.json")
+            with open(plan_file, "w", encoding="utf-8") as fh:
+                json.dump(plan.to_dict(), fh)
+            hook = self._spark_hook_for(plan, plan_file, report_file, _core_zip(tmp))
+            self._spark_hook = hook
+            self.log.info("Submitting the Spark job of batch %d (%d shard ranges)", plan.batch_id, len(plan.ranges))
+            try:
+                hook.submit(application=spark_script_path())
+            except Exception as err:
+                raise RuntimeError(
+                    f"The Spark job of batch {plan.batch_id} failed: {err}. No checkpoint moved; the plan stays "
+                    "pending and the next attempt re-uses it."
+                ) from err
+            finally:
+                self._spark_hook = None
+            if not os.path.exists(report_file):
+                raise RuntimeError(f"The Spark job of batch {plan.batch_id} ended without a report; no checkpoint moved")
+            with open(report_file, encoding="utf-8") as fh:
+                result = json.load(fh)
+        self.log.info(
+            "Spark job of batch %d: %d records read in %.1fs, %.1fs in all",
+            plan.batch_id, result["records"], result["read_seconds"], result["total_seconds"],
+        )  # fmt: skip
+        return [ShardReport.from_dict(r) for r in result["reports"]]
+
+    def on_kill(self) -> None:
+        if self._spark_hook is not None:
+            self._spark_hook.on_kill()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _owner(self, context: Context) -> str:
+        """A readable, unique writer id for the checkpoint store's fencing."""
+        ti = context.get("ti") or context.get("task_instance")
+        if ti is not None:
+            base = f"{ti.dag_id}.{ti.task_id}.{ti.run_id}.try{ti.try_number}"
+        else:
+            base = f"{self.dag_id}.{self.task_id}" if self.has_dag() else self.task_id
+        return re.sub(r"[#\s]", "_", f"{base}.{uuid.uuid4().hex[:8]}")
+
+    def _summary(
+        self, plan: BatchPlan, reports: list[ShardReport], checkpoints: dict[str, Checkpoint] | Any, status: str, reused: bool
+    ) -> dict[str, Any]:
+        shards = {
+            r.shard_id: {
+                "records": r.records,
+                "bytes": r.bytes,
+                "first": str(r.first) if r.first else None,
+                "last": str(r.last) if r.last else None,
+                "checkpoint": str(checkpoints[r.shard_id]) if r.shard_id in checkpoints else None,
+                "stop_reason": r.stop_reason,
+                "shard_end": r.shard_end,
+            }
+            for r in reports
+        }
+        records = sum(r.records for r in reports) if status == "committed" else 0
+        return {
+            "batch_id": plan.batch_id if status != "no_new_records" else None,
+            "status": status,
+            "stream_name": plan.stream_name,
+            "consumer_name": plan.consumer_name,
+            "records": records,
+            "bytes": sum(r.bytes for r in reports) if status == "committed" else 0,
+            "output_path": plan.output_location if records else None,
+            "cutoff": format_timestamp(plan.cutoff),
+            "reused_plan": reused,
+            "shards": shards,
+            "waiting_shards": dict(plan.waiting),
+        }

@@ -1,0 +1,1 @@
+"""Ready-made transforms for ``KinesisToSparkOperator(transform="module:function")``."""

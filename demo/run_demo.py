@@ -1,0 +1,180 @@
+"""The main job on real input, end to end on a local stack (``make demo``).
+
+1. moto in server mode on 127.0.0.1 (no AWS account), a 4-shard stream.
+2. The 10,000 lines of data/apache_access_log.gz, one record per line, partition key = client
+   IP: half as plain puts, half KPL-aggregated with aws_kinesis_agg; then the four Kinesis
+   records of data/kpl_vectors.json as they are.
+3. The example DAG ``kinesis_microbatch`` with ``airflow dags test``; 500 more lines; again.
+4. The committed Parquet output is read back and checked against the producer's log.
+
+The last line printed is one JSON object: batches, records_in, records_out, duplicates, missing,
+output_path, checkpoint_table, and more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pyarrow.parquet as pq
+
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from demo.producer import Produced, put_aggregated, put_plain, put_raw, verify
+from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, airflow, airflow_env, moto_server
+
+STREAM = "apache-access-log"
+CONSUMER = "parquet-lake"
+TABLE = "kinesis_spark_checkpoints"
+DAG_ID = "kinesis_microbatch"
+OUTPUT_COLUMNS = [
+    ("stream_name", "string"),
+    ("shard_id", "string"),
+    ("sequence_number", "string"),
+    ("sub_sequence_number", "int64"),
+    ("partition_key", "string"),
+    ("explicit_hash_key", "string"),
+    ("approximate_arrival_timestamp", "timestamp[us, tz=UTC]"),
+    ("data", "binary"),
+]
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def log_lines() -> list[tuple[str, bytes]]:
+    with gzip.open(ROOT / "data" / "apache_access_log.gz", "rt", encoding="utf-8") as fh:
+        lines = [line.rstrip("\n") for line in fh if line.strip()]
+    return [(line.split(" ", 1)[0], line.encode("utf-8")) for line in lines]
+
+
+def kpl_vectors() -> list[dict]:
+    return json.loads((ROOT / "data" / "kpl_vectors.json").read_text())["vectors"]
+
+
+def committed_rows(output: Path, committed_batch_id: int) -> tuple[list[tuple], list[Path], object]:
+    """Rows of every committed batch's output; the files read; the schema of the first file."""
+    rows: list[tuple] = []
+    dirs = []
+    schema = None
+    for batch_id in range(1, committed_batch_id + 1):
+        batch_dir = output / f"batch_id={batch_id}"
+        if not batch_dir.exists():
+            continue  # a batch that committed checkpoints without records writes nothing
+        dirs.append(batch_dir)
+        table = pq.read_table(batch_dir)
+        schema = schema or table.schema
+        cols = table.select(["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "explicit_hash_key", "data", "log_parsed"]).to_pydict()
+        rows.extend(zip(*cols.values(), strict=True))
+    return rows, dirs, schema
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", default=str(ROOT / "demo_output"), help="where output, logs and Airflow's home go")
+    parser.add_argument("--extra-lines", type=int, default=500, help="lines put between the two runs")
+    args = parser.parse_args(argv)
+
+    started = time.monotonic()
+    work = Path(args.work_dir).resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "airflow_home").mkdir(parents=True)
+    output = work / "parquet"
+    log_file = work / "airflow.log"
+
+    with moto_server() as endpoint:
+        say(f"moto server on {endpoint}")
+        kw = dict(endpoint_url=endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+        kinesis = boto3.client("kinesis", **kw)
+        dynamodb = boto3.client("dynamodb", **kw)
+        env = airflow_env(
+            work / "airflow_home",
+            endpoint,
+            {"KINESIS_STREAM": STREAM, "KINESIS_CONSUMER": CONSUMER, "KINESIS_CHECKPOINT_TABLE": TABLE,
+             "KINESIS_OUTPUT_PATH": str(output)},
+        )  # fmt: skip
+        say("airflow db migrate (SQLite)")
+        airflow(["db", "migrate"], env, log_file)
+
+        kinesis.create_stream(StreamName=STREAM, ShardCount=4)
+        kinesis.get_waiter("stream_exists").wait(StreamName=STREAM, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
+        lines = log_lines()
+        half = len(lines) // 2
+        produced: list[Produced] = []
+        produced += put_plain(kinesis, STREAM, lines[:half])
+        produced += put_aggregated(kinesis, STREAM, lines[half:])
+        vectors = kpl_vectors()
+        produced += put_raw(
+            kinesis, STREAM,
+            [(v["partition_key"], base64.b64decode(v["data_base64"]),
+              [(u["sub_sequence_number"], u["partition_key"], u["data"].encode()) for u in v["expected_user_records"]])
+             for v in vectors],
+        )  # fmt: skip
+        say(f"put {len(lines)} log lines ({half} plain, {len(lines) - half} KPL-aggregated) and {len(vectors)} KPL records: {len(produced)} user records")
+
+        say(f"batch run 1: airflow dags test {DAG_ID}")
+        airflow(["dags", "test", DAG_ID], env, log_file)
+
+        extra = lines[: args.extra_lines]
+        produced += put_plain(kinesis, STREAM, extra[: len(extra) // 2])
+        produced += put_aggregated(kinesis, STREAM, extra[len(extra) // 2 :])
+        say(f"put {len(extra)} more lines; total {len(produced)} user records")
+        time.sleep(0.05)  # arrival timestamps have millisecond precision: cut off strictly after the puts
+
+        say(f"batch run 2: airflow dags test {DAG_ID}")
+        airflow(["dags", "test", DAG_ID], env, log_file)
+
+        store = DynamoDBCheckpointStore(dynamodb, TABLE, STREAM, CONSUMER)
+        head = store.head()
+        checkpoints = store.committed_checkpoints(head)
+
+    rows, dirs, schema = committed_rows(output, head.committed_batch_id)
+    verdict = verify(produced, [(r[0], r[1], r[2], r[3], r[5]) for r in rows])
+    schema_ok = schema is not None and [(f.name, str(f.type)) for f in schema][: len(OUTPUT_COLUMNS)] == OUTPUT_COLUMNS
+    vector_records = vector_ok = 0
+    for v in vectors:
+        for u in v["expected_user_records"]:
+            vector_records += 1
+            match = [r for r in rows if r[3] == u["partition_key"] and r[2] == u["sub_sequence_number"]
+                     and r[4] == u["explicit_hash_key"] and r[5] == u["data"].encode()]  # fmt: skip
+            vector_ok += len(match) == 1
+    parsed = sum(1 for r in rows if r[6])
+
+    say(f"committed batches: {head.committed_batch_id}; output directories: {[d.name for d in dirs]}")
+    say(f"checkpoints: " + ", ".join(f"{k}={v}" for k, v in sorted(checkpoints.items())))
+    say(f"output schema matches the documented columns: {schema_ok}")
+    say(f"user records produced {verdict.records_in}, in committed output {verdict.records_out} "
+        f"(rows {verdict.rows}), duplicates {verdict.duplicates}, missing {verdict.missing}, "
+        f"unexpected {verdict.unexpected}, data mismatches {verdict.data_mismatches}")  # fmt: skip
+    say(f"kpl_vectors.json user records found exactly as the file says: {vector_ok}/{vector_records}")
+    say(f"log lines parsed into columns: {parsed}; Airflow log: {log_file}")
+    result = {
+        "batches": head.committed_batch_id,
+        "records_in": verdict.records_in,
+        "records_out": verdict.records_out,
+        "duplicates": verdict.duplicates,
+        "missing": verdict.missing,
+        "unexpected": verdict.unexpected,
+        "data_mismatches": verdict.data_mismatches,
+        "kpl_vector_records_ok": vector_ok,
+        "kpl_vector_records": vector_records,
+        "parsed_log_lines": parsed,
+        "schema_ok": schema_ok,
+        "output_path": str(output),
+        "checkpoint_table": TABLE,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(json.dumps(result), flush=True)
+    ok = verdict.ok and vector_ok == vector_records and schema_ok and head.committed_batch_id >= 2
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

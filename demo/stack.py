@@ -1,0 +1,98 @@
+"""The local stack: moto in server mode on 127.0.0.1 and an Airflow environment pointing at it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+REGION = "us-east-1"
+# moto accepts any credentials; these are local placeholders, not secrets.
+ACCESS_KEY = "AKIALOCALDEMOKEY0001"
+SECRET_KEY = "local-demo-secret-never-logged"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def moto_server(port: int | None = None) -> Iterator[str]:
+    """moto in server mode (Kinesis, DynamoDB, S3) on 127.0.0.1; yields its endpoint URL."""
+    port = port or free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {proc.returncode}")
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("moto_server did not start within 30s")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def airflow_env(airflow_home: Path, endpoint: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the ``airflow`` CLI: SQLite home, our dags folder, connections to the stack."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(
+                {
+                    "conn_type": "aws",
+                    "login": ACCESS_KEY,
+                    "password": SECRET_KEY,
+                    "extra": {"region_name": REGION, "endpoint_url": endpoint},
+                }
+            ),
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+        }
+    )
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        env.pop(key, None)
+    env.update(extra or {})
+    return env
+
+
+def airflow(args: list[str], env: dict[str, str], log_file: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run the ``airflow`` CLI of this environment; raise with the output's tail on failure."""
+    proc = subprocess.run([str(BIN / "airflow"), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if log_file is not None:
+        with open(log_file, "a", encoding="utf-8") as fh:
+            fh.write(f"$ airflow {' '.join(args)}\n{proc.stdout}\n{proc.stderr}\n")
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+        raise RuntimeError(f"airflow {' '.join(args)} failed ({proc.returncode}):\n{tail}")
+    return proc

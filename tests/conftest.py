@@ -1,0 +1,124 @@
+"""Shared fixtures: emulators on 127.0.0.1 (free ports), AWS clients talking to them, the data."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = ROOT / "data"
+REGION = "us-east-1"
+# Emulators accept any credentials; these are test placeholders, not secrets.
+TEST_ACCESS_KEY = "AKIAEMULATORTESTKEY1"
+TEST_SECRET_KEY = "emulator-test-secret-key-do-not-log"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, name: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} did not listen on 127.0.0.1:{port} within {timeout}s")
+
+
+def _start(cmd: list[str], port: int, name: str) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for_port(port, proc, name)
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto in server mode (DynamoDB, Kinesis, S3) on a free port of 127.0.0.1."""
+    port = free_port()
+    moto = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
+    proc = _start([moto, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server")
+    yield f"http://127.0.0.1:{port}"
+    _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def kinesalite_endpoint() -> Iterator[str]:
+    """kinesalite (npm) on a free port of 127.0.0.1: real-looking 56-digit sequence numbers."""
+    binary = os.environ.get("KINESALITE_BIN") or str(ROOT / ".cache/node/node_modules/.bin/kinesalite")
+    if not Path(binary).exists():
+        pytest.fail(f"kinesalite not installed at {binary}: run 'make kinesalite' (make test does it)")
+    port = free_port()
+    proc = _start([binary, "--port", str(port), "--createStreamMs", "5", "--deleteStreamMs", "5",
+                   "--updateStreamMs", "5", "--shardLimit", "200"], port, "kinesalite")  # fmt: skip
+    yield f"http://127.0.0.1:{port}"
+    _stop(proc)
+
+
+def make_client(service: str, endpoint: str):
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=TEST_ACCESS_KEY,
+        aws_secret_access_key=TEST_SECRET_KEY,
+    )
+
+
+@pytest.fixture
+def kinesis(moto_endpoint: str):
+    return make_client("kinesis", moto_endpoint)
+
+
+@pytest.fixture
+def dynamodb(moto_endpoint: str):
+    return make_client("dynamodb", moto_endpoint)
+
+
+@pytest.fixture
+def kinesalite(kinesalite_endpoint: str):
+    return make_client("kinesis", kinesalite_endpoint)
+
+
+@pytest.fixture
+def unique_name() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+def create_stream(client, name: str, shards: int) -> None:
+    client.create_stream(StreamName=name, ShardCount=shards)
+    client.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
+
+
+@pytest.fixture(scope="session")
+def kpl_vectors() -> list[dict]:
+    """The four KPL-produced Kinesis records of data/kpl_vectors.json (see data/README.md)."""
+    vectors = json.loads((DATA_DIR / "kpl_vectors.json").read_text())["vectors"]
+    for v in vectors:
+        v["data"] = base64.b64decode(v["data_base64"])
+    return vectors

@@ -1,0 +1,89 @@
+"""Builders shared by the unit and integration tests (no fixtures here)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
+from airflow_kinesis_spark.core.positions import Checkpoint
+from airflow_kinesis_spark.core.reader import ShardReport
+from airflow_kinesis_spark.core.shards import Shard
+
+#: A real-looking 56-digit sequence number.
+BASE_SEQUENCE_NUMBER = 49590338271490256608559692538361571095921575989136588898
+MAX_HASH_KEY = str(2**128 - 1)
+# Millisecond precision: what survives the batch log's ISO 8601 timestamps unchanged.
+PLAN_NOW = datetime(2024, 5, 1, 12, 0, 0, 125000, tzinfo=timezone.utc)
+
+
+def shard_id(n: int) -> str:
+    return f"shardId-{n:012d}"
+
+
+def sequence_number(i: int) -> str:
+    return str(BASE_SEQUENCE_NUMBER + i * 10**20)
+
+
+def open_shards(count: int) -> list[Shard]:
+    return [
+        Shard(
+            shard_id=shard_id(n),
+            parent_shard_id=None,
+            adjacent_parent_shard_id=None,
+            starting_sequence_number=sequence_number(0),
+            ending_sequence_number=None,
+            starting_hash_key="0",
+            ending_hash_key=MAX_HASH_KEY,
+        )
+        for n in range(count)
+    ]
+
+
+def make_plan(
+    batch_id: int,
+    shards: list[Shard],
+    checkpoints: dict[str, Checkpoint] | None = None,
+    *,
+    stream_name: str = "orders",
+    consumer_name: str = "lake",
+) -> BatchPlan:
+    now = PLAN_NOW + timedelta(minutes=batch_id)
+    return plan_incremental(
+        batch_id=batch_id,
+        stream_name=stream_name,
+        consumer_name=consumer_name,
+        shards=shards,
+        checkpoints=checkpoints or {},
+        cutoff=now,
+        now=now,
+        output_location=f"s3://lake/{stream_name}/{consumer_name}/batch_id={batch_id}",
+    )
+
+
+def checkpoints_after(plan: BatchPlan, last_index: int, *, sub: int | None = None) -> dict[str, Checkpoint]:
+    """Every planned shard checkpointed at sequence_number(last_index + shard number)."""
+    out = dict(plan.checkpoints)
+    for n, rng in enumerate(plan.ranges):
+        out[rng.shard_id] = Checkpoint.at(sequence_number(last_index + n), sub)
+    return out
+
+
+def reports_for(plan: BatchPlan, checkpoints: dict[str, Checkpoint]) -> list[ShardReport]:
+    """One ShardReport per planned range that ends at ``checkpoints`` (one record read)."""
+    out = []
+    for rng in plan.ranges:
+        last = checkpoints[rng.shard_id].position
+        out.append(
+            ShardReport(
+                shard_id=rng.shard_id,
+                first=last,
+                last=last,
+                records=1 if last else 0,
+                bytes=10 if last else 0,
+                kinesis_records=1 if last else 0,
+                kinesis_bytes=10 if last else 0,
+                shard_end=False,
+                stop_reason="caught_up",
+            )
+        )
+    return out

@@ -1,0 +1,477 @@
+"""DynamoDBCheckpointStore against moto's DynamoDB over HTTP: batch log, head, fencing, atomic commit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+from helpers import checkpoints_after, make_plan, open_shards, reports_for, sequence_number, shard_id
+
+import airflow_kinesis_spark.core.store as store_module
+from airflow_kinesis_spark.core.planner import BatchPlan
+from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head, validate_table_name
+from airflow_kinesis_spark.exceptions import CheckpointConflictError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store(dynamodb, unique_name) -> DynamoDBCheckpointStore:
+    s = DynamoDBCheckpointStore(dynamodb, unique_name, "orders", "lake")
+    s.ensure_table()
+    return s
+
+
+def other(store: DynamoDBCheckpointStore, client: Any = None, consumer: str | None = None) -> DynamoDBCheckpointStore:
+    """Another process's view of the same table (its own store object)."""
+    return DynamoDBCheckpointStore(
+        client or store.client, store.table_name, store.stream_name, consumer or store.consumer_name
+    )
+
+
+def items(store: DynamoDBCheckpointStore, prefix: str = "") -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for page in store.client.get_paginator("query").paginate(
+        TableName=store.table_name,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
+        ExpressionAttributeValues={":pk": {"S": store.pk}, ":p": {"S": prefix}},
+        ConsistentRead=True,
+    ):
+        out.extend(page["Items"])
+    return out
+
+
+def raw_head(store: DynamoDBCheckpointStore) -> dict[str, Any]:
+    return store.client.get_item(TableName=store.table_name, Key=store._key("HEAD"), ConsistentRead=True)["Item"]
+
+
+def run_batch(store: DynamoDBCheckpointStore, plan: BatchPlan, owner: str, last_index: int) -> dict[str, Checkpoint]:
+    """begin → record_report → commit; returns the committed checkpoints."""
+    store.begin(plan, owner)
+    checkpoints = checkpoints_after(plan, last_index)
+    store.record_report(plan.batch_id, owner, reports_for(plan, checkpoints))
+    store.commit(plan, checkpoints, owner)
+    return checkpoints
+
+
+# -- table ------------------------------------------------------------------------------------------
+
+
+def test_ensure_table_creates_on_demand_table_and_head(dynamodb, unique_name):
+    s = DynamoDBCheckpointStore(dynamodb, unique_name, "orders", "lake")
+    with pytest.raises(dynamodb.exceptions.ResourceNotFoundException):
+        dynamodb.describe_table(TableName=unique_name)
+    s.ensure_table()
+    table = dynamodb.describe_table(TableName=unique_name)["Table"]
+    assert table["TableStatus"] == "ACTIVE"
+    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    assert {k["AttributeName"]: k["KeyType"] for k in table["KeySchema"]} == {"pk": "HASH", "sk": "RANGE"}
+    assert s.head() == Head()
+    assert raw_head(s)["committed_batch_id"] == {"N": "0"}
+
+
+def test_ensure_table_is_idempotent_and_keeps_state(store):
+    plan = make_plan(1, open_shards(2))
+    committed = run_batch(store, plan, "run-a", 10)
+    store.ensure_table()
+    other(store).ensure_table()
+    assert store.head().committed_batch_id == 1
+    assert store.committed_checkpoints() == committed
+
+
+def test_second_consumer_on_existing_table_gets_its_own_head(store):
+    run_batch(store, make_plan(1, open_shards(1)), "run-a", 10)
+    second = other(store, consumer="audit")
+    second.ensure_table()
+    assert second.head() == Head()
+    assert second.committed_checkpoints() == {}
+
+
+@pytest.mark.parametrize("name", ["ab", "has space", "x" * 256, "naïve", "a/b"])
+def test_invalid_table_names_rejected(dynamodb, name):
+    with pytest.raises(ValueError, match="3-255 characters"):
+        DynamoDBCheckpointStore(dynamodb, name, "orders", "lake")
+    with pytest.raises(ValueError):
+        validate_table_name(name)
+
+
+# -- begin / pending plan ----------------------------------------------------------------------------
+
+
+def test_begin_persists_the_plan(store):
+    plan = make_plan(1, open_shards(3))
+    assert store.pending_plan() is None
+    store.begin(plan, "run-a")
+    head = store.head()
+    assert head.pending_batch_id == 1
+    assert head.pending_owner == head.pending_plan_owner == "run-a"
+    assert head.committed_batch_id == 0
+    assert store.pending_plan() == plan
+    assert other(store).pending_plan() == plan  # another process reads the same plan
+    assert store.committed_checkpoints() == {}
+
+
+def test_second_begin_while_pending_names_the_pending_batch_and_owner(store):
+    store.begin(make_plan(1, open_shards(2)), "run-a")
+    with pytest.raises(CheckpointConflictError) as info:
+        other(store).begin(make_plan(1, open_shards(3)), "run-b")
+    err = info.value
+    message = str(err)
+    assert "pending batch is 1" in message
+    assert "run-a" in message
+    assert "run-b" in message  # and who was refused
+    assert err.other_owner == "run-a"
+    assert err.pending_batch_id == 1
+    assert err.committed_batch_id == 0
+    # the pending plan is re-used, never replaced
+    assert store.pending_plan() == make_plan(1, open_shards(2))
+    assert store.head().pending_owner == "run-a"
+
+
+def test_begin_of_a_later_batch_while_pending_conflicts(store):
+    store.begin(make_plan(1, open_shards(2)), "run-a")
+    with pytest.raises(CheckpointConflictError):
+        store.begin(make_plan(2, open_shards(2)), "run-a")
+    assert store.head().pending_batch_id == 1
+
+
+def test_begin_must_follow_the_committed_batch(store):
+    with pytest.raises(CheckpointConflictError):
+        store.begin(make_plan(2, open_shards(1)), "run-a")  # batch 1 was never committed
+    assert store.head().pending_batch_id is None
+    run_batch(store, make_plan(1, open_shards(1)), "run-a", 10)
+    with pytest.raises(CheckpointConflictError):
+        store.begin(make_plan(1, open_shards(1)), "run-b")  # batch 1 is already committed
+    store.begin(make_plan(2, open_shards(1)), "run-b")
+    assert store.head().pending_batch_id == 2
+
+
+# -- take over (fencing) --------------------------------------------------------------------------------
+
+
+def test_take_over_fences_the_old_owner(store):
+    plan = make_plan(1, open_shards(3))
+    store.begin(plan, "run-a")
+    new = other(store)
+    head = new.take_over(1, "run-b")
+    assert head.pending_owner == "run-b"
+    assert head.pending_plan_owner == "run-a"
+    assert new.pending_plan() == plan  # the retry re-uses the plan
+
+    checkpoints = checkpoints_after(plan, 20)
+    with pytest.raises(CheckpointConflictError) as info:
+        store.record_report(1, "run-a", reports_for(plan, checkpoints))
+    assert info.value.other_owner == "run-b"
+    with pytest.raises(CheckpointConflictError) as info:
+        store.commit(plan, checkpoints, "run-a")
+    assert "run-b" in str(info.value)
+    assert store.head().committed_batch_id == 0
+    assert store.committed_checkpoints() == {}
+
+    new.record_report(1, "run-b", reports_for(plan, checkpoints))
+    assert new.pending_report() == reports_for(plan, checkpoints)
+    new.commit(plan, checkpoints, "run-b")
+    head = store.head()
+    assert head.committed_batch_id == 1
+    assert head.committed_owner == "run-b"
+    assert head.pending_batch_id is None
+    assert store.committed_checkpoints() == checkpoints
+
+
+def test_new_owner_can_commit_with_the_old_owners_report(store):
+    plan = make_plan(1, open_shards(2))
+    store.begin(plan, "run-a")
+    checkpoints = checkpoints_after(plan, 5)
+    store.record_report(1, "run-a", reports_for(plan, checkpoints))
+    new = other(store)
+    new.take_over(1, "run-b")
+    # output was complete: commit without re-writing
+    assert new.pending_report() == reports_for(plan, checkpoints)
+    new.commit(plan, checkpoints, "run-b")
+    assert store.committed_checkpoints() == checkpoints
+
+
+def test_take_over_of_a_batch_that_is_not_pending_conflicts(store):
+    with pytest.raises(CheckpointConflictError):
+        store.take_over(1, "run-b")
+    run_batch(store, make_plan(1, open_shards(1)), "run-a", 1)
+    with pytest.raises(CheckpointConflictError):
+        store.take_over(1, "run-b")
+    assert store.head().committed_owner == "run-a"
+
+
+# -- commit ----------------------------------------------------------------------------------------------
+
+
+def test_commit_moves_committed_batch_and_checkpoints(store):
+    plan = make_plan(1, open_shards(4))
+    store.begin(plan, "run-a")
+    checkpoints = checkpoints_after(plan, 100)
+    checkpoints[shard_id(3)] = Checkpoint(Sentinel.SHARD_END)
+    checkpoints[shard_id(2)] = Checkpoint.at(sequence_number(7), 3)
+    store.commit(plan, checkpoints, "run-a")
+    head = store.head()
+    assert head.committed_batch_id == 1
+    assert head.committed_owner == "run-a"
+    assert head.pending_batch_id is None and head.pending_owner is None and head.pending_report_owner is None
+    assert store.pending_plan() is None
+    assert store.committed_checkpoints() == checkpoints
+    assert other(store).committed_checkpoints() == checkpoints
+
+    plan2 = make_plan(2, open_shards(4), checkpoints)
+    assert plan2.shard_ids == [shard_id(0), shard_id(1), shard_id(2)]  # shard 3 is at SHARD_END
+    checkpoints2 = checkpoints_after(plan2, 200)
+    store.begin(plan2, "run-a")
+    assert store.committed_checkpoints() == checkpoints  # a pending batch changes nothing
+    store.commit(plan2, checkpoints2, "run-a")
+    assert store.head().committed_batch_id == 2
+    assert store.committed_checkpoints() == checkpoints2
+    assert store.committed_checkpoints()[shard_id(3)] == Checkpoint(Sentinel.SHARD_END)
+
+
+def test_commit_without_begin_conflicts(store):
+    plan = make_plan(1, open_shards(1))
+    with pytest.raises(CheckpointConflictError):
+        store.commit(plan, checkpoints_after(plan, 1), "run-a")
+    assert store.committed_checkpoints() == {}
+
+
+def test_commit_is_idempotent_for_the_same_owner(store):
+    plan = make_plan(1, open_shards(3))
+    store.begin(plan, "run-a")
+    checkpoints = checkpoints_after(plan, 9)
+    store.commit(plan, checkpoints, "run-a")
+    committed_at = raw_head(store)["committed_at"]
+    store.commit(plan, checkpoints, "run-a")  # returns quietly
+    assert raw_head(store)["committed_at"] == committed_at
+    assert store.head().committed_batch_id == 1
+    assert store.committed_checkpoints() == checkpoints
+
+
+def test_repeated_commit_never_changes_committed_checkpoints(store):
+    # MONO: checkpoints only move forward, and only through conditional writes. A second commit
+    # call for a batch that is already committed must not rewrite what the head points at.
+    plan = make_plan(1, open_shards(3))
+    store.begin(plan, "run-a")
+    checkpoints = checkpoints_after(plan, 9)
+    store.commit(plan, checkpoints, "run-a")
+    different = checkpoints_after(plan, 500)
+    try:
+        store.commit(plan, different, "run-a")
+    except CheckpointConflictError:
+        pass
+    assert store.committed_checkpoints() == checkpoints
+
+
+def test_commit_by_another_owner_after_commit_conflicts(store):
+    plan = make_plan(1, open_shards(2))
+    checkpoints = run_batch(store, plan, "run-a", 3)
+    with pytest.raises(CheckpointConflictError) as info:
+        other(store).commit(plan, checkpoints_after(plan, 99), "run-b")
+    assert "run-a" in str(info.value)
+    assert store.committed_checkpoints() == checkpoints
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        EndpointConnectionError(endpoint_url="http://127.0.0.1:9"),
+        ReadTimeoutError(endpoint_url="http://127.0.0.1:9"),
+    ],
+    ids=["connection", "read-timeout"],
+)
+def test_ambiguous_commit_is_completed_by_a_retry(store, error):
+    class AmbiguousCommitClient:
+        """Applies the first commit update on the server, then fails on the way back."""
+
+        def __init__(self, client: Any) -> None:
+            self._client = client
+            self.commit_updates: list[str] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._client, name)
+
+        def update_item(self, **kwargs: Any) -> Any:
+            is_commit = kwargs["UpdateExpression"].startswith("SET committed_batch_id")
+            result = self._client.update_item(**kwargs)  # raises on a failed condition
+            if is_commit:
+                self.commit_updates.append(kwargs["ExpressionAttributeValues"][":n"]["N"])
+                if len(self.commit_updates) == 1:
+                    raise error
+            return result
+
+    client = AmbiguousCommitClient(store.client)
+    flaky = other(store, client=client)
+    plan = make_plan(1, open_shards(5))
+    flaky.begin(plan, "run-a")
+    checkpoints = checkpoints_after(plan, 40)
+    with pytest.raises(type(error)):
+        flaky.commit(plan, checkpoints, "run-a")
+    assert store.head().committed_batch_id == 1  # it did apply
+    committed_at = raw_head(store)["committed_at"]
+
+    flaky.commit(plan, checkpoints, "run-a")  # the retry returns quietly
+    assert client.commit_updates == ["1"]  # applied once
+    assert raw_head(store)["committed_at"] == committed_at
+    head = store.head()
+    assert (head.committed_batch_id, head.committed_owner, head.pending_batch_id) == (1, "run-a", None)
+    assert store.committed_checkpoints() == checkpoints
+    # and the next batch follows normally
+    plan2 = make_plan(2, open_shards(5), checkpoints)
+    run_batch(store, plan2, "run-a", 80)
+    assert store.head().committed_batch_id == 2
+
+
+# -- large batches -------------------------------------------------------------------------------------
+
+
+def test_small_chunks_round_trip(store, monkeypatch):
+    monkeypatch.setattr(store_module, "CHUNK_CHARS", 1000)
+    plan = make_plan(1, open_shards(150))
+    store.begin(plan, "run-a")
+    plan_chunks = items(store, "BATCH#00000000000000000001#PLAN#run-a#")
+    assert len(plan_chunks) > 50
+    assert {int(i["chunks"]["N"]) for i in plan_chunks} == {len(plan_chunks)}
+    assert store.pending_plan() == plan
+    checkpoints = checkpoints_after(plan, 1000, sub=2)
+    reports = reports_for(plan, checkpoints)
+    store.record_report(1, "run-a", reports)
+    assert store.pending_report() == reports
+    store.commit(plan, checkpoints, "run-a")
+    assert len(items(store, "BATCH#00000000000000000001#CKPT#run-a#")) > 10
+    assert store.committed_checkpoints() == checkpoints
+
+
+def test_plan_of_3000_shards_round_trips(store):
+    plan = make_plan(1, open_shards(3000))
+    store.begin(plan, "run-a")
+    chunks = items(store, "BATCH#00000000000000000001#PLAN#")
+    assert len(chunks) >= 3  # several items of at most CHUNK_CHARS each
+    assert all(len(i["body"]["S"]) <= store_module.CHUNK_CHARS for i in chunks)
+    assert other(store).pending_plan() == plan
+    checkpoints = checkpoints_after(plan, 7)
+    store.commit(plan, checkpoints, "run-a")
+    assert other(store).committed_checkpoints() == checkpoints
+
+
+def test_commit_of_150_shards_is_atomic(store):
+    shards = open_shards(150)
+    plan1 = make_plan(1, shards)
+    batch1 = run_batch(store, plan1, "run-a", 1_000)
+    committed = store.committed_checkpoints()
+    assert len(committed) == 150
+    assert committed == batch1
+    assert all(committed[shard_id(n)] == Checkpoint.at(sequence_number(1_000 + n)) for n in range(150))
+
+    # batch 2 over the same 150 shards; another writer takes it over before the first commits
+    plan2 = make_plan(2, shards, committed)
+    assert len(plan2.ranges) == 150
+    store.begin(plan2, "run-a")
+    other(store).take_over(2, "run-b")
+    batch2 = checkpoints_after(plan2, 5_000)
+    with pytest.raises(CheckpointConflictError) as info:
+        store.commit(plan2, batch2, "run-a")
+    assert "run-b" in str(info.value)
+    assert info.value.other_owner == "run-b"
+    after = other(store).committed_checkpoints()
+    assert after == batch1  # none of the 150 moved
+    assert sum(after[s] != batch1[s] for s in after) == 0
+    head = store.head()
+    assert (head.committed_batch_id, head.pending_batch_id, head.pending_owner) == (1, 2, "run-b")
+    # the KCL-style mirror did not move either
+    leases = {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")}
+    assert len(leases) == 150
+    assert {i["batchId"]["N"] for i in leases.values()} == {"1"}
+
+
+def test_commit_of_150_shards_loses_to_a_concurrent_commit(store):
+    shards = open_shards(150)
+    batch1 = run_batch(store, make_plan(1, shards), "run-a", 1_000)
+    plan2 = make_plan(2, shards, batch1)
+    store.begin(plan2, "run-a")
+    rival = other(store)
+    rival.take_over(2, "run-b")
+    theirs = checkpoints_after(plan2, 3_000)
+    rival.commit(plan2, theirs, "run-b")
+    ours = checkpoints_after(plan2, 9_000)
+    with pytest.raises(CheckpointConflictError) as info:
+        store.commit(plan2, ours, "run-a")
+    assert "run-b" in str(info.value)
+    assert store.committed_checkpoints() == theirs  # all 150 from the winner, none from us
+    assert store.head().committed_owner == "run-b"
+
+
+# -- consumers and the KCL-style mirror ------------------------------------------------------------------
+
+
+def test_two_consumers_on_one_table_never_see_each_others_checkpoints(store):
+    lake = store
+    audit = other(store, consumer="audit")
+    audit.ensure_table()
+    shards = open_shards(3)
+    lake_plan = make_plan(1, shards, consumer_name="lake")
+    audit_plan = make_plan(1, shards, consumer_name="audit")
+    lake.begin(lake_plan, "run-l")
+    assert audit.pending_plan() is None
+    audit.begin(audit_plan, "run-x")  # no conflict with the other consumer's pending batch
+    lake_ckpts = checkpoints_after(lake_plan, 10)
+    audit_ckpts = checkpoints_after(audit_plan, 50)
+    lake.commit(lake_plan, lake_ckpts, "run-l")
+    assert audit.committed_checkpoints() == {}
+    assert audit.head().committed_batch_id == 0
+    audit.commit(audit_plan, audit_ckpts, "run-x")
+    assert lake.committed_checkpoints() == lake_ckpts
+    assert audit.committed_checkpoints() == audit_ckpts
+    lake_leases = {i["leaseKey"]["S"]: i["checkpoint"]["S"] for i in items(lake, "LEASE#")}
+    audit_leases = {i["leaseKey"]["S"]: i["checkpoint"]["S"] for i in items(audit, "LEASE#")}
+    assert lake_leases == {k: v.position.sequence_number for k, v in lake_ckpts.items()}
+    assert audit_leases == {k: v.position.sequence_number for k, v in audit_ckpts.items()}
+
+
+def test_same_consumer_of_two_streams_is_separate(store):
+    run_batch(store, make_plan(1, open_shards(2)), "run-a", 10)
+    clicks = DynamoDBCheckpointStore(store.client, store.table_name, "clicks", store.consumer_name)
+    clicks.ensure_table()
+    assert clicks.committed_checkpoints() == {}
+    assert clicks.head() == Head()
+
+
+def test_kcl_style_lease_items_after_commit(store):
+    shards = open_shards(4)
+    plan = make_plan(1, shards)
+    store.begin(plan, "run-a")
+    checkpoints = {
+        shard_id(0): Checkpoint.at(sequence_number(11)),
+        shard_id(1): Checkpoint.at(sequence_number(12), 4),
+        shard_id(2): Checkpoint(Sentinel.SHARD_END),
+        shard_id(3): Checkpoint(Sentinel.TRIM_HORIZON),
+    }
+    assert items(store, "LEASE#") == []
+    store.commit(plan, checkpoints, "run-a")
+    leases = {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")}
+    assert set(leases) == {shard_id(n) for n in range(4)}
+    assert leases[shard_id(0)]["checkpoint"] == {"S": sequence_number(11)}
+    assert leases[shard_id(0)]["checkpointSubSequenceNumber"] == {"N": "0"}
+    assert leases[shard_id(1)]["checkpoint"] == {"S": sequence_number(12)}
+    assert leases[shard_id(1)]["checkpointSubSequenceNumber"] == {"N": "4"}
+    assert leases[shard_id(2)]["checkpoint"] == {"S": "SHARD_END"}
+    assert leases[shard_id(3)]["checkpoint"] == {"S": "TRIM_HORIZON"}
+    for item in leases.values():
+        assert item["sk"]["S"] == f"LEASE#{item['leaseKey']['S']}"
+        assert item["batchId"] == {"N": "1"}
+        assert item["leaseOwner"] == {"S": "lake"}
+        assert len(item["checkpoint"]["S"]) in (56, len("SHARD_END"), len("TRIM_HORIZON"))
+
+    # the next batch moves the mirror forward
+    plan2 = make_plan(2, shards, checkpoints)
+    assert shard_id(2) not in plan2.shard_ids
+    store.begin(plan2, "run-a")
+    checkpoints2 = checkpoints_after(plan2, 90)
+    store.commit(plan2, checkpoints2, "run-a")
+    leases = {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")}
+    assert leases[shard_id(0)]["checkpoint"] == {"S": checkpoints2[shard_id(0)].position.sequence_number}
+    assert leases[shard_id(0)]["batchId"] == {"N": "2"}
+    assert leases[shard_id(2)]["checkpoint"] == {"S": "SHARD_END"}  # not planned, untouched
+    assert leases[shard_id(2)]["batchId"] == {"N": "1"}
