@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import uuid
@@ -224,7 +225,10 @@ class KinesisToSparkOperator(BaseOperator):
         _check_local_output(self.output_path)
         if self.transform:
             check_transform_spec(self.transform)
-            resolve_transform(self.transform)
+            if not self.spark_py_files:
+                # Shipped with spark_py_files, the module need not import here; the job checks it
+                # before reading anything.
+                resolve_transform(self.transform)
 
     # -- the batch -----------------------------------------------------------------------------
 
@@ -347,6 +351,12 @@ class KinesisToSparkOperator(BaseOperator):
             self.log.info("Spark master is YARN/Kubernetes: the job uses the cluster's AWS credentials")
         env = self.kinesis_hook.spark_environment(include_credentials=not on_command_line)
         env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
+        venv_bin = Path(sys.executable).parent
+        if not on_command_line and not shutil.which("spark-submit") and (venv_bin / "spark-submit").exists():
+            # pyspark installs spark-submit next to this interpreter, which may not be on PATH
+            # (a virtualenv that was not activated).
+            self.log.info("spark-submit is not on PATH; using the one installed with pyspark in %s", venv_bin)
+            env["PATH"] = os.pathsep.join(p for p in (str(venv_bin), os.environ.get("PATH", "")) if p)
         hook = build(env)
         return hook
 

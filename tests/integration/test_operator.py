@@ -1,0 +1,207 @@
+"""KinesisToSparkOperator end to end: real spark-submit, moto / kinesalite over HTTP."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_kinesis_spark.core.positions import format_timestamp
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.exceptions import StreamNotFoundError
+from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from demo.producer import put_aggregated, put_plain, put_raw, verify
+from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+FAILING_TRANSFORM = Path(__file__).resolve().parents[1] / "spark" / "failing_transform.py"
+
+
+@pytest.fixture
+def aws_conn(monkeypatch, moto_endpoint):
+    """The aws_default connection pointing at moto, as a DAG author would configure it."""
+
+    def configure(kinesis_endpoint: str | None = None) -> None:
+        extra: dict = {"region_name": REGION, "endpoint_url": moto_endpoint}
+        if kinesis_endpoint:
+            extra["service_config"] = {"kinesis": {"endpoint_url": kinesis_endpoint}}
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_AWS_DEFAULT",
+            json.dumps({"conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY, "extra": extra}),
+        )
+
+    configure()
+    return configure
+
+
+@pytest.fixture
+def spark_calls(monkeypatch):
+    """Record every spark-submit: command line and environment."""
+    calls: list[dict] = []
+    original = BatchSparkSubmitHook.submit
+
+    def submit(self, application: str = "", **kwargs):
+        calls.append({"cmd": self._build_spark_submit_command(application), "env": dict(self._env or {})})
+        return original(self, application, **kwargs)
+
+    monkeypatch.setattr(BatchSparkSubmitHook, "submit", submit)
+    return calls
+
+
+def operator(name: str, output: Path, **kwargs) -> KinesisToSparkOperator:
+    return KinesisToSparkOperator(
+        task_id=f"ingest_{name}",
+        stream_name=name,
+        consumer_name="tests",
+        checkpoint_table=f"{name}_ckpt",
+        output_path=str(output),
+        min_call_interval=0.0,
+        **kwargs,
+    )
+
+
+def output_rows(output: Path, store: DynamoDBCheckpointStore) -> list[tuple]:
+    rows = []
+    for batch_id in range(1, store.head().committed_batch_id + 1):
+        path = output / f"batch_id={batch_id}"
+        if path.exists():
+            t = pq.read_table(path, columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
+            rows.extend(zip(*t.to_pydict().values(), strict=True))
+    return rows
+
+
+@pytest.mark.parametrize("kinesis_emulator", ["moto", "kinesalite"])
+def test_batches_are_exactly_once_and_leak_no_credentials(
+    kinesis_emulator, request, aws_conn, spark_calls, dynamodb, tmp_path, unique_name, kpl_vectors, caplog, capfd
+):
+    caplog.set_level(logging.INFO)
+    if kinesis_emulator == "kinesalite":
+        aws_conn(request.getfixturevalue("kinesalite_endpoint"))
+        kinesis = request.getfixturevalue("kinesalite")
+    else:
+        kinesis = request.getfixturevalue("kinesis")
+    create_stream(kinesis, unique_name, 3)
+    lines = [(f"10.0.0.{i % 7}", f"line {i}".encode()) for i in range(300)]
+    produced = put_plain(kinesis, unique_name, lines[:150]) + put_aggregated(kinesis, unique_name, lines[150:])
+    produced += put_raw(
+        kinesis, unique_name,
+        [(v["partition_key"], v["data"], [(u["sub_sequence_number"], u["partition_key"], u["data"].encode())
+                                         for u in v["expected_user_records"]]) for v in kpl_vectors],
+    )  # fmt: skip
+    output = tmp_path / "out"
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tests")
+
+    first = operator(unique_name, output).execute({})
+    assert first["status"] == "committed" and first["batch_id"] == 1
+    assert first["records"] == len(produced) == 317
+
+    more = put_aggregated(kinesis, unique_name, [(f"k{i}", f"more {i}".encode()) for i in range(40)])
+    second = operator(unique_name, output).execute({})
+    assert second["batch_id"] == 2 and second["records"] == 40
+
+    verdict = verify(produced + more, output_rows(output, store))
+    assert verdict.ok, verdict
+
+    # An idle run: no Spark job, no files, no batch.
+    third = operator(unique_name, output).execute({})
+    assert third["status"] == "no_new_records" and third["batch_id"] is None
+    assert len(spark_calls) == 2
+    assert sorted(p.name for p in output.iterdir()) == ["batch_id=1", "batch_id=2"]
+    assert store.head().committed_batch_id == 2
+
+    # Credentials reach Spark through the environment only.
+    assert all(call["env"]["AWS_SECRET_ACCESS_KEY"] == TEST_SECRET_KEY for call in spark_calls)
+    for call in spark_calls:
+        assert TEST_SECRET_KEY not in " ".join(call["cmd"]) and TEST_ACCESS_KEY not in " ".join(call["cmd"])
+    items = dynamodb.scan(TableName=f"{unique_name}_ckpt")["Items"]
+    stored = json.dumps(items)
+    assert "BATCH#" in stored and TEST_SECRET_KEY not in stored and TEST_ACCESS_KEY not in stored
+    for summary in (first, second, third):
+        assert TEST_SECRET_KEY not in json.dumps(summary) and TEST_ACCESS_KEY not in json.dumps(summary)
+    captured = capfd.readouterr()
+    logs = caplog.text + captured.out + captured.err
+    assert "Spark-Submit cmd" in logs and "Batch 2 committed" in logs  # the operator's and the hook's logs
+    assert TEST_SECRET_KEY not in logs and TEST_ACCESS_KEY not in logs
+
+
+def test_failed_spark_job_is_rerun_from_the_same_plan(aws_conn, spark_calls, kinesis, dynamodb, tmp_path, unique_name):
+    create_stream(kinesis, unique_name, 2)
+    produced = put_plain(kinesis, unique_name, [(f"p{i}", f"r{i}".encode()) for i in range(120)])
+    output = tmp_path / "out"
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tests")
+
+    failing = operator(unique_name, output, transform="failing_transform:explode", spark_py_files=str(FAILING_TRANSFORM))
+    with pytest.raises(RuntimeError, match=r"(?s)The Spark job of batch 1 failed.*injected failure.*plan stays pending"):
+        failing.execute({})
+    head = store.head()
+    assert head.committed_batch_id == 0 and head.pending_batch_id == 1
+    assert store.committed_checkpoints() == {}
+    pending = store.pending_plan()
+
+    # Records arriving after the failure are not in the re-used plan: same plan, same records.
+    late = put_plain(kinesis, unique_name, [(f"q{i}", f"late{i}".encode()) for i in range(30)])
+    retry = operator(unique_name, output).execute({})
+    assert retry["reused_plan"] is True and retry["batch_id"] == 1 and retry["records"] == 120
+    assert store.committed_checkpoints() != {}
+    assert verify(produced, output_rows(output, store)).ok
+    assert pending is not None and format_timestamp(pending.cutoff) == retry["cutoff"]
+
+    nxt = operator(unique_name, output).execute({})
+    assert nxt["batch_id"] == 2 and nxt["records"] == 30
+    assert verify(produced + late, output_rows(output, store)).ok
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_records_per_shard": -5}, "max_records_per_shard must be a positive integer"),
+        ({"max_bytes_per_shard": 0}, "max_bytes_per_shard must be a positive integer"),
+        ({"transform": "not a transform path"}, "is not of the form 'package.module:function'"),
+        ({"transform": "no_such_module_xyz:parse"}, "module 'no_such_module_xyz' does not import"),
+        ({"transform": "json:no_such_function"}, "has no function 'no_such_function'"),
+        ({"initial_position": "EARLIEST"}, "initial_position must be one of"),
+        ({"consumer_name": "bad consumer!"}, "consumer_name 'bad consumer!' is not valid"),
+    ],
+)
+def test_bad_arguments_fail_before_any_io(kwargs, message, aws_conn, kinesis, dynamodb, tmp_path, unique_name):
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"x")])
+    args = {"task_id": "t", "stream_name": unique_name, "consumer_name": "tests",
+            "checkpoint_table": f"{unique_name}_ckpt", "output_path": str(tmp_path / "o")} | kwargs  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        KinesisToSparkOperator(**args).execute({})
+    assert f"{unique_name}_ckpt" not in dynamodb.list_tables()["TableNames"]
+
+
+def test_unwritable_output_path_fails_before_any_io(aws_conn, kinesis, dynamodb, tmp_path, unique_name):
+    create_stream(kinesis, unique_name, 1)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="cannot be written: .* is a file, not a directory"):
+        operator(unique_name, blocker / "out").execute({})
+    assert f"{unique_name}_ckpt" not in dynamodb.list_tables()["TableNames"]
+
+
+def test_missing_stream_names_stream_region_and_endpoint(aws_conn, moto_endpoint, dynamodb, tmp_path, unique_name):
+    with pytest.raises(StreamNotFoundError) as err:
+        operator(unique_name, tmp_path / "out").execute({})
+    text = str(err.value)
+    assert unique_name in text and REGION in text and moto_endpoint in text
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tests")
+    head = store.head()
+    assert head.committed_batch_id == 0 and head.pending_batch_id is None
+
+
+def test_spark_failure_on_unwritable_remote_style_path_moves_no_checkpoint(aws_conn, kinesis, dynamodb, tmp_path, unique_name):
+    """A path the operator cannot check up front (a URI scheme Spark has no filesystem for) fails in Spark."""
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"x"), ("k", b"y")])
+    with pytest.raises(RuntimeError, match="The Spark job of batch 1 failed"):
+        operator(unique_name, "nosuchfs://bucket/out").execute({})
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tests")
+    assert store.committed_checkpoints() == {} and store.head().pending_batch_id == 1
