@@ -160,13 +160,11 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
         read_seconds = time.monotonic() - started
         records = sum(r["records"] for r in reports)
         location = plan["output_location"]
-        rows_written = 0
         if records > 0:
             data = raw.where(F.col("_report").isNull()).drop("_report")
             if transform is not None:
                 data = transform(data)
             data.write.mode("overwrite").parquet(location)
-            rows_written = records
         else:
             log.info("batch %s: no records in the planned ranges; nothing written", plan["batch_id"])
     finally:
@@ -175,7 +173,6 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
         "batch_id": plan["batch_id"],
         "output_location": location if records > 0 else None,
         "records": records,
-        "rows_written": rows_written,
         "read_seconds": round(read_seconds, 3),
         "total_seconds": round(time.monotonic() - started, 3),
         "reports": reports,

@@ -22,7 +22,7 @@ from airflow_kinesis_spark.core.positions import (
 )
 from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
-from airflow_kinesis_spark.exceptions import ReportValidationError
+from airflow_kinesis_spark.exceptions import DataLossError, ReportValidationError
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,7 @@ def plan_incremental(
     initial_timestamp: datetime | None = None,
     max_records_per_shard: int | None = None,
     max_bytes_per_shard: int | None = None,
+    allow_data_loss: bool = False,
 ) -> BatchPlan:
     """Plan an incremental batch: from each committed checkpoint up to ``cutoff``.
 
@@ -135,8 +136,11 @@ def plan_incremental(
 
     :param cutoff: the run's ``data_interval_end`` (or now), UTC.
     :param now: the planning time, UTC.
+    :param allow_data_loss: go on when a shard with a checkpoint short of ``SHARD_END`` is no
+        longer listed (its unread records are lost); logged as a warning.
     :returns: the plan; it may have no ranges.
     :raises ValueError: on a cap below 1 or an unknown initial position.
+    :raises DataLossError: a checkpointed shard vanished before reaching ``SHARD_END`` (LOUD).
     """
     for name, cap in (("max_records_per_shard", max_records_per_shard), ("max_bytes_per_shard", max_bytes_per_shard)):
         if cap is not None and cap < 1:
@@ -144,6 +148,18 @@ def plan_incremental(
     now = to_utc(now)
     cutoff = min(to_utc(cutoff), now)
     lineage = ShardLineage(shards)
+    vanished = sorted(k for k, v in checkpoints.items() if k not in lineage.shards and not v.is_shard_end)
+    if vanished:
+        message = (
+            f"shards {', '.join(vanished)} of stream {stream_name!r} have checkpoints short of SHARD_END "
+            f"but are no longer listed: their unread records aged out of the retention period"
+        )
+        if not allow_data_loss:
+            raise DataLossError(
+                message + ". Nothing was read. To go on without those records, re-run with allow_data_loss=True.",
+                shard_ids=vanished,
+            )
+        log.warning("%s; going on because allow_data_loss=True", message)
     ranges: list[ShardRange] = []
     waiting: dict[str, str] = {}
     known = dict(checkpoints)
@@ -250,7 +266,10 @@ def _range_problems(rng: ShardRange, report: ShardReport) -> list[str]:
             problems.append(f"first record {report.first} is not after the checkpoint {start}")
         if rng.ending_sequence_number and int(report.last.sequence_number) > int(rng.ending_sequence_number):
             problems.append(f"last record {report.last} is past the shard's end {rng.ending_sequence_number}")
-        if rng.max_records is not None and report.records > rng.max_records and report.kinesis_records > 1:
+        # The cap is passed only by the first Kinesis record holding user records (an aggregate
+        # is never cut), so all of them then share one sequence number.
+        single_aggregate = report.first.sequence_number == report.last.sequence_number
+        if rng.max_records is not None and report.records > rng.max_records and not single_aggregate:
             problems.append(f"{report.records} records exceed the cap of {rng.max_records}")
     return problems
 

@@ -12,8 +12,10 @@ key (``pk``, ``sk``)               item
 ``..., BATCH#{id}#REPORT#{owner}#n`` chunk ``n`` of the job's per-shard report
 ``..., BATCH#{id}#CKPT#{owner}#n`` chunk ``n`` of every checkpoint after the batch
 ``..., LEASE#{shard id}``          per-shard mirror in the KCL's attribute names (``leaseKey``,
-                                   ``checkpoint``, ``checkpointSubSequenceNumber``,
-                                   ``parentShardId``): for people and tools; not authoritative
+                                   ``leaseOwner`` = consumer, ``checkpoint``,
+                                   ``checkpointSubSequenceNumber``) plus ``batchId`` and, for
+                                   ``AT_TIMESTAMP``, ``checkpointTimestamp``: for people and
+                                   tools; not authoritative, written after the commit
 =================================  =========================================================
 
 Chunks are keyed by the writer (``owner``), so two writers never overwrite each other's items;
@@ -361,6 +363,8 @@ class DynamoDBCheckpointStore:
                     "checkpointSubSequenceNumber": {"N": str((position.sub_sequence_number or 0) if position else 0)},
                     "batchId": {"N": str(plan.batch_id)},
                 }
+                if checkpoint.timestamp is not None:
+                    item["checkpointTimestamp"] = {"S": format_timestamp(checkpoint.timestamp)}
                 self.client.put_item(
                     TableName=self.table_name,
                     Item=item,

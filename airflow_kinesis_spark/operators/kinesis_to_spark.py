@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from airflow.exceptions import AirflowFailException
 from airflow.sdk import BaseOperator, Context
 
 import airflow_kinesis_spark
@@ -26,6 +27,7 @@ from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, p
 from airflow_kinesis_spark.core.reader import ShardReport, probe_range
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, validate_table_name
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
+from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportValidationError
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook, validate_stream_name
 from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
@@ -108,7 +110,8 @@ class KinesisToSparkOperator(BaseOperator):
         ``TRIM_HORIZON`` (templated).
     :param initial_timestamp: with ``AT_TIMESTAMP`` (ISO 8601, UTC) (templated).
     :param max_records_per_shard: cap on user records read per shard per batch, or ``None``.
-        An aggregated record is never cut, so a batch may pass the cap by one aggregate.
+        An aggregated record is never cut: reading stops before an aggregate that would pass the
+        cap, except the first one of the range, which is taken whole (so every batch moves on).
     :param max_bytes_per_shard: cap on Kinesis record bytes read per shard per batch, or ``None``.
     :param aws_conn_id: the ``aws`` connection for Kinesis and DynamoDB (templated).
     :param region_name: overrides the connection's region (templated).
@@ -118,14 +121,19 @@ class KinesisToSparkOperator(BaseOperator):
     :param get_records_limit: ``Limit`` of each GetRecords call, 1..10,000 (Kinesis API reference).
     :param min_call_interval: seconds between two GetRecords calls on one shard; 0.2 matches the
         service's 5 calls per second per shard.
+    :param allow_data_loss: go on when a checkpointed shard vanished before ``SHARD_END`` (its
+        unread records aged out); without it the run fails (LOUD).
     :returns: (XCom) the batch summary: ``batch_id``, ``status`` (``committed``,
-        ``committed_without_records`` or ``no_new_records``), ``records``, ``bytes``,
-        ``output_path``, ``cutoff``, ``reused_plan`` and ``shards`` (per shard: ``records``,
-        ``bytes``, ``first``, ``last``, ``checkpoint``, ``stop_reason``, ``shard_end``).
+        ``committed_without_records`` or ``no_new_records``), ``stream_name``,
+        ``consumer_name``, ``records``, ``bytes``, ``output_path``, ``cutoff``, ``reused_plan``,
+        ``shards`` (per shard: ``records``, ``bytes``, ``first``, ``last``, ``checkpoint``,
+        ``stop_reason``, ``shard_end``) and ``waiting_shards`` (shard id -> reason).
     :raises ValueError: bad arguments (names, caps, transform, output path), before anything is read.
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
-    :raises CheckpointConflictError: another run of this consumer moved the checkpoints.
-    :raises ReportValidationError: the job's report does not match the plan; nothing is committed.
+    :raises AirflowFailException: (no retry) another run of this consumer moved the checkpoints
+        (from :class:`CheckpointConflictError`), the job's report does not match the plan (from
+        :class:`ReportValidationError`), or records would be lost (from :class:`DataLossError`).
+        Nothing is committed.
     :raises RuntimeError: the Spark job failed; the plan stays pending for the next attempt.
     """
 
@@ -165,6 +173,7 @@ class KinesisToSparkOperator(BaseOperator):
         spark_py_files: str | None = None,
         get_records_limit: int = 10_000,
         min_call_interval: float = 0.2,
+        allow_data_loss: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -185,6 +194,7 @@ class KinesisToSparkOperator(BaseOperator):
         self.spark_py_files = spark_py_files
         self.get_records_limit = get_records_limit
         self.min_call_interval = min_call_interval
+        self.allow_data_loss = allow_data_loss
         self._spark_hook: BatchSparkSubmitHook | None = None
 
     @cached_property
@@ -223,6 +233,13 @@ class KinesisToSparkOperator(BaseOperator):
         if not self.output_path or not isinstance(self.output_path, str):
             raise ValueError("output_path is required: a directory Spark can write Parquet to")
         _check_local_output(self.output_path)
+        for name in ("cutoff", "initial_timestamp"):
+            value = getattr(self, name)
+            if value:
+                try:
+                    parse_timestamp(value)
+                except (TypeError, ValueError) as err:
+                    raise ValueError(f"{name}: {err}") from err
         if self.transform:
             check_transform_spec(self.transform)
             if not self.spark_py_files:
@@ -234,6 +251,14 @@ class KinesisToSparkOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.validate()
+        try:
+            return self._run_batch(context)
+        except (CheckpointConflictError, ReportValidationError, DataLossError) as err:
+            # A retry cannot help: another writer won, the job disagrees with its plan, or
+            # records would be lost. Fail without retries; nothing was committed.
+            raise AirflowFailException(str(err)) from err
+
+    def _run_batch(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
         owner = self._owner(context)
         store.ensure_table()
@@ -261,8 +286,10 @@ class KinesisToSparkOperator(BaseOperator):
             store.begin(plan, owner)
         if reports is None:
             reports = self._run_spark(plan)
+            checkpoints = validate_report(plan, reports)
             store.record_report(plan.batch_id, owner, reports)
-        checkpoints = validate_report(plan, reports)
+        else:
+            checkpoints = validate_report(plan, reports)
         store.commit(plan, checkpoints, owner)
         summary = self._summary(plan, reports, checkpoints, "committed", reused)
         self.log.info(
@@ -288,6 +315,7 @@ class KinesisToSparkOperator(BaseOperator):
             initial_timestamp=parse_timestamp(self.initial_timestamp) if self.initial_timestamp else None,
             max_records_per_shard=self.max_records_per_shard,
             max_bytes_per_shard=self.max_bytes_per_shard,
+            allow_data_loss=self.allow_data_loss,
         )
         for rng in plan.ranges:
             self.log.info("Plan batch %d: shard %s from %s to cutoff %s", batch_id, rng.shard_id, rng.start, format_timestamp(rng.cutoff))

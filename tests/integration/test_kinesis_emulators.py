@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
 from airflow_kinesis_spark.core.planner import BatchPlan, advance, plan_incremental, validate_report
-from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber
+from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
 from airflow_kinesis_spark.core.reader import ShardReader, ShardReport, StartPosition, UserRecord
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import StreamNotFoundError
@@ -80,9 +80,9 @@ def put_vector(client: Any, stream: str, vector: dict) -> list[Put]:
 
 
 def planning_time() -> datetime:
-    # Emulators stamp arrival times in milliseconds; one millisecond of margin keeps a record
-    # written just before planning inside the cutoff whichever way the emulator rounds.
-    return datetime.now(timezone.utc) + timedelta(milliseconds=1)
+    # Both emulators truncate arrival times to milliseconds (never round up), so a record
+    # written before this call arrived before the returned time.
+    return datetime.now(timezone.utc)
 
 
 def plan_batch(
@@ -312,18 +312,40 @@ def _order(p: Put) -> tuple[str, int, int]:
     return (p.shard_id, int(p.sequence_number), -1 if p.sub_sequence_number is None else p.sub_sequence_number)
 
 
-def test_at_timestamp_start_reads_from_that_time(emulator, stream):
+def test_latest_start_reads_what_arrives_after_planning(emulator, stream):
     client = emulator
-    early = put_plain(client, stream, "a", b"before")
-    plan = plan_batch(client, stream, 1, {}, initial_position="LATEST")
-    (rng,) = plan.ranges
-    assert rng.start.iterator_type == "AT_TIMESTAMP"
-    records, reports = read_plan(client, plan)
-    assert records[rng.shard_id] == []  # nothing arrived after "now"
-    checkpoints = validate_report(plan, reports)
-    assert checkpoints[rng.shard_id].timestamp == plan.cutoff
-    late = put_plain(client, stream, "b", b"after")
+    early = put_plain(client, stream, "a", b"before planning")
+    plan1 = plan_batch(client, stream, 1, {}, initial_position="LATEST")
+    (rng,) = plan1.ranges
+    assert rng.start == StartPosition("AT_TIMESTAMP", timestamp=plan1.created_at)
+    late = put_plain(client, stream, "b", b"after planning")
+    records1, reports1 = read_plan(client, plan1)
+    assert records1[rng.shard_id] == []  # "early" is before the start, "late" after the cutoff
+    assert reports1[0].stop_reason == "cutoff"
+    checkpoints = validate_report(plan1, reports1)
+    assert checkpoints[rng.shard_id] == Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=plan1.cutoff)
+
     plan2 = plan_batch(client, stream, 2, checkpoints)
-    records2, _ = read_plan(client, plan2)
+    assert plan2.ranges[0].start == StartPosition("AT_TIMESTAMP", timestamp=plan1.cutoff)
+    records2, reports2 = read_plan(client, plan2)
     assert as_puts(records2[rng.shard_id]) == late
     assert early[0] not in as_puts(records2[rng.shard_id])
+    assert validate_report(plan2, reports2)[rng.shard_id] == Checkpoint.at(late[0].sequence_number)
+
+
+def test_at_timestamp_start_with_nothing_after_it_on_moto(kinesis, unique_name):
+    # moto only: kinesalite 3.3.3 never answers GetShardIterator AT_TIMESTAMP when no record
+    # arrived at or after the timestamp (the request hangs).
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, "a", b"before")
+    plan = plan_batch(kinesis, unique_name, 1, {}, initial_position="LATEST")
+    (rng,) = plan.ranges
+    records, reports = read_plan(kinesis, plan)
+    assert records[rng.shard_id] == []
+    assert reports[0].stop_reason == "caught_up"
+    checkpoints = validate_report(plan, reports)
+    assert checkpoints[rng.shard_id] == Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=plan.cutoff)
+    late = put_plain(kinesis, unique_name, "b", b"after")
+    records2, _ = read_plan(kinesis, plan_batch(kinesis, unique_name, 2, checkpoints))
+    assert as_puts(records2[rng.shard_id]) == late
+    kinesis.delete_stream(StreamName=unique_name)
