@@ -44,6 +44,10 @@ class BatchPlan:
     :param checkpoints: every committed checkpoint the plan starts from, by shard id.
     :param output_location: where the batch's output goes (derived from the batch id).
     :param waiting: shards not planned and why (e.g. a parent not at ``SHARD_END``).
+    :param lost_shards: checkpointed shards that vanished before ``SHARD_END`` and were passed
+        over with ``allow_data_loss=True`` (their unread records are lost).
+    :param open_shards: the stream's open shards at planning time (the topology the resharding
+        sensor compares against).
     """
 
     batch_id: int
@@ -56,6 +60,8 @@ class BatchPlan:
     output_location: str
     mode: str = "incremental"
     waiting: Mapping[str, str] = field(default_factory=dict)
+    lost_shards: tuple[str, ...] = ()
+    open_shards: tuple[str, ...] = ()
 
     @property
     def shard_ids(self) -> list[str]:
@@ -73,6 +79,8 @@ class BatchPlan:
             "ranges": [r.to_dict() for r in self.ranges],
             "checkpoints": {k: v.to_dict() for k, v in sorted(self.checkpoints.items())},
             "waiting": dict(self.waiting),
+            "lost_shards": list(self.lost_shards),
+            "open_shards": list(self.open_shards),
         }
 
     @classmethod
@@ -88,6 +96,8 @@ class BatchPlan:
             ranges=tuple(ShardRange.from_dict(r) for r in data["ranges"]),
             checkpoints={k: Checkpoint.from_dict(v) for k, v in data["checkpoints"].items()},
             waiting=dict(data.get("waiting", {})),
+            lost_shards=tuple(data.get("lost_shards", ())),
+            open_shards=tuple(data.get("open_shards", ())),
         )
 
 
@@ -159,10 +169,18 @@ def plan_incremental(
                 message + ". Nothing was read. To go on without those records, re-run with allow_data_loss=True.",
                 shard_ids=vanished,
             )
-        log.warning("%s; going on because allow_data_loss=True", message)
+        log.warning("%s; going on because allow_data_loss=True: they count as SHARD_END", message)
+    known = {k: (Checkpoint(Sentinel.SHARD_END) if k in vanished else v) for k, v in checkpoints.items()}
+    # A shard at SHARD_END that aged out of the stream is retired once all its children have
+    # checkpoints of their own (until then it tells the planner its children start at TRIM_HORIZON).
+    retired = sorted(
+        k for k, v in known.items()
+        if v.is_shard_end and k not in lineage.shards and all(c in known for c in lineage.children.get(k, ()))
+    )  # fmt: skip
+    for shard_id in retired:
+        log.info("shard %s: at SHARD_END and no longer listed; retired from the checkpoints", shard_id)
     ranges: list[ShardRange] = []
     waiting: dict[str, str] = {}
-    known = dict(checkpoints)
     for shard in lineage.ordered():
         checkpoint = known.get(shard.shard_id)
         if checkpoint is not None and checkpoint.is_shard_end:
@@ -194,9 +212,11 @@ def plan_incremental(
         cutoff=cutoff,
         created_at=now,
         ranges=tuple(ranges),
-        checkpoints=dict(checkpoints),
+        checkpoints={k: v for k, v in known.items() if k not in retired},
         output_location=output_location,
         waiting=waiting,
+        lost_shards=tuple(vanished),
+        open_shards=tuple(sorted(s.shard_id for s in lineage.shards.values() if not s.is_closed)),
     )
 
 

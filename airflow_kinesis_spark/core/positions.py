@@ -35,8 +35,8 @@ __all__ = [
     "parse_timestamp",
 ]
 
-# The Kinesis API reference gives SequenceNumber the pattern 0|([1-9]\d{0,128}).
-_SEQUENCE_NUMBER = re.compile(r"^(0|[1-9]\d{0,128})$")
+# The Kinesis API reference gives SequenceNumber the pattern 0|([1-9]\d{0,128}) (ASCII digits).
+_SEQUENCE_NUMBER = re.compile(r"0|[1-9][0-9]{0,128}")
 
 
 class Sentinel(str, Enum):
@@ -55,7 +55,7 @@ def parse_sequence_number(value: str) -> int:
     :raises ValueError: when ``value`` is not a decimal string of at most 129 digits
         (``SequenceNumber`` pattern in the Kinesis API reference).
     """
-    if not isinstance(value, str) or not _SEQUENCE_NUMBER.match(value):
+    if not isinstance(value, str) or not _SEQUENCE_NUMBER.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a Kinesis sequence number (a decimal string such as "
             "'49590338271490256608559692538361571095921575989136588898')"

@@ -262,6 +262,14 @@ class DynamoDBCheckpointStore:
         :raises CheckpointConflictError: the head moved (another writer committed, or took the
             batch over); the message names the other writer and batch.
         """
+        head = self.head()
+        if head.committed_batch_id == plan.batch_id and head.committed_owner == owner:
+            log.info("batch %d was already committed by this writer (earlier attempt)", plan.batch_id)
+            self._mirror_leases(plan, self.committed_checkpoints(head))
+            return
+        if head.pending_batch_id != plan.batch_id or head.pending_owner != owner:
+            raise self._conflict(f"commit batch {plan.batch_id}", owner, head)
+        # Chunks keyed by this owner: never the ones a committed head points at.
         self._write_chunks(plan.batch_id, "CKPT", owner, {k: v.to_dict() for k, v in checkpoints.items()})
         try:
             self._update_head(
@@ -277,6 +285,7 @@ class DynamoDBCheckpointStore:
             head = self.head()
             if head.committed_batch_id == plan.batch_id and head.committed_owner == owner:
                 log.info("batch %d was already committed by this writer (earlier attempt)", plan.batch_id)
+                self._mirror_leases(plan, checkpoints)
                 return
             raise
         log.info("batch %d committed: %d shard checkpoints", plan.batch_id, len(checkpoints))
@@ -297,19 +306,22 @@ class DynamoDBCheckpointStore:
                 ExpressionAttributeValues=values,
             )
         except self.client.exceptions.ConditionalCheckFailedException as err:
-            head = self.head()
-            raise CheckpointConflictError(
-                f"could not {action} for stream {self.stream_name!r}, consumer {self.consumer_name!r} "
-                f"(writer {owner}): the checkpoint store moved on. Committed batch is "
-                f"{head.committed_batch_id} (by {head.committed_owner}); pending batch is "
-                f"{head.pending_batch_id} held by {head.pending_owner}. Another run of this consumer "
-                "is active or finished first; this run's output is not committed.",
-                stream_name=self.stream_name,
-                consumer_name=self.consumer_name,
-                committed_batch_id=head.committed_batch_id,
-                pending_batch_id=head.pending_batch_id,
-                other_owner=head.pending_owner or head.committed_owner,
-            ) from err
+            raise self._conflict(action, owner, self.head()) from err
+
+    def _conflict(self, action: str, owner: str, head: Head) -> CheckpointConflictError:
+        """The error for a lost conditional write, naming the other writer and batch."""
+        return CheckpointConflictError(
+            f"could not {action} for stream {self.stream_name!r}, consumer {self.consumer_name!r} "
+            f"(writer {owner}): the checkpoint store moved on. Committed batch is "
+            f"{head.committed_batch_id} (by {head.committed_owner}); pending batch is "
+            f"{head.pending_batch_id} held by {head.pending_owner}. Another run of this consumer "
+            "is active or finished first; this run's output is not committed.",
+            stream_name=self.stream_name,
+            consumer_name=self.consumer_name,
+            committed_batch_id=head.committed_batch_id,
+            pending_batch_id=head.pending_batch_id,
+            other_owner=head.pending_owner or head.committed_owner,
+        )
 
     def _prefix(self, batch_id: int, kind: str, owner: str) -> str:
         return f"BATCH#{batch_id:020d}#{kind}#{owner}#"

@@ -127,7 +127,8 @@ class KinesisToSparkOperator(BaseOperator):
         ``committed_without_records`` or ``no_new_records``), ``stream_name``,
         ``consumer_name``, ``records``, ``bytes``, ``output_path``, ``cutoff``, ``reused_plan``,
         ``shards`` (per shard: ``records``, ``bytes``, ``first``, ``last``, ``checkpoint``,
-        ``stop_reason``, ``shard_end``) and ``waiting_shards`` (shard id -> reason).
+        ``stop_reason``, ``shard_end``), ``waiting_shards`` (shard id -> reason) and
+        ``lost_shards`` (shards passed over with ``allow_data_loss``).
     :raises ValueError: bad arguments (names, caps, transform, output path), before anything is read.
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
     :raises AirflowFailException: (no retry) another run of this consumer moved the checkpoints
@@ -459,4 +460,5 @@ class KinesisToSparkOperator(BaseOperator):
             "reused_plan": reused,
             "shards": shards,
             "waiting_shards": dict(plan.waiting),
+            "lost_shards": list(plan.lost_shards),
         }

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
-from tests.helpers import checkpoints_after, make_plan, open_shards, reports_for, sequence_number, shard_id
+from tests.helpers import PLAN_NOW, checkpoints_after, make_plan, open_shards, reports_for, sequence_number, shard_id
 
 import airflow_kinesis_spark.core.store as store_module
 from airflow_kinesis_spark.core.planner import BatchPlan
@@ -477,7 +477,7 @@ def test_same_consumer_of_two_streams_is_separate(store):
 
 
 def test_kcl_style_lease_items_after_commit(store):
-    shards = open_shards(4)
+    shards = open_shards(5)
     plan = plan_for(store, 1, shards)
     store.begin(plan, "run-a")
     checkpoints = {
@@ -485,22 +485,26 @@ def test_kcl_style_lease_items_after_commit(store):
         shard_id(1): Checkpoint.at(sequence_number(12), 4),
         shard_id(2): Checkpoint(Sentinel.SHARD_END),
         shard_id(3): Checkpoint(Sentinel.TRIM_HORIZON),
+        shard_id(4): Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=PLAN_NOW),
     }
     assert items(store, "LEASE#") == []
     store.commit(plan, checkpoints, "run-a")
     leases = {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")}
-    assert set(leases) == {shard_id(n) for n in range(4)}
+    assert set(leases) == {shard_id(n) for n in range(5)}
     assert leases[shard_id(0)]["checkpoint"] == {"S": sequence_number(11)}
     assert leases[shard_id(0)]["checkpointSubSequenceNumber"] == {"N": "0"}
     assert leases[shard_id(1)]["checkpoint"] == {"S": sequence_number(12)}
     assert leases[shard_id(1)]["checkpointSubSequenceNumber"] == {"N": "4"}
     assert leases[shard_id(2)]["checkpoint"] == {"S": "SHARD_END"}
     assert leases[shard_id(3)]["checkpoint"] == {"S": "TRIM_HORIZON"}
+    assert leases[shard_id(4)]["checkpoint"] == {"S": "AT_TIMESTAMP"}
+    assert leases[shard_id(4)]["checkpointTimestamp"] == {"S": "2024-05-01T12:00:00.125Z"}
+    assert "checkpointTimestamp" not in leases[shard_id(0)]
     for item in leases.values():
         assert item["sk"]["S"] == f"LEASE#{item['leaseKey']['S']}"
         assert item["batchId"] == {"N": "1"}
         assert item["leaseOwner"] == {"S": "lake"}
-        assert len(item["checkpoint"]["S"]) in (56, len("SHARD_END"), len("TRIM_HORIZON"))
+        assert item["checkpoint"]["S"] in ("SHARD_END", "TRIM_HORIZON", "AT_TIMESTAMP") or len(item["checkpoint"]["S"]) == 56
 
     # the next batch moves the mirror forward
     plan2 = plan_for(store, 2, shards, checkpoints)

@@ -17,7 +17,7 @@ from airflow_kinesis_spark.core.planner import (
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
 from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
-from airflow_kinesis_spark.exceptions import ReportValidationError
+from airflow_kinesis_spark.exceptions import DataLossError, ReportValidationError
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, 250000, tzinfo=timezone.utc)
 CUTOFF = NOW - timedelta(minutes=5)
@@ -267,10 +267,29 @@ def test_child_of_aged_out_parent_is_planned_with_initial_position():
     assert p.ranges[0].start.iterator_type == "AT_TIMESTAMP"
 
 
-def test_child_of_aged_out_parent_with_unfinished_checkpoint_waits():
-    p = plan([shard(1, parent=0, start=10)], {sid(0): Checkpoint.at(seq(3))})
-    assert p.shard_ids == []
-    assert sid(1) in p.waiting
+def test_vanished_shard_short_of_shard_end_is_data_loss():
+    # shard 0 was checkpointed mid-way and is no longer listed: its unread records aged out (LOUD)
+    with pytest.raises(DataLossError, match=sid(0)) as info:
+        plan([shard(1, parent=0, start=10), shard(2)], {sid(0): Checkpoint.at(seq(3)), sid(2): Checkpoint.at(seq(1))})
+    assert info.value.shard_ids == [sid(0)]
+    assert "allow_data_loss" in str(info.value)
+
+
+def test_vanished_shard_at_shard_end_is_not_data_loss():
+    p = plan([shard(1, parent=0, start=10)], {sid(0): Checkpoint(Sentinel.SHARD_END)})
+    assert p.shard_ids == [sid(1)]
+    assert p.ranges[0].start == StartPosition("TRIM_HORIZON")
+
+
+def test_allow_data_loss_goes_on_with_the_children_of_a_vanished_shard():
+    # With allow_data_loss=True the run goes on past the lost records of shard 0; its children,
+    # still within retention, must then be read, not wait forever for a parent that can never
+    # reach SHARD_END.
+    checkpoints = {sid(0): Checkpoint.at(seq(3)), sid(2): Checkpoint.at(seq(1))}
+    p = plan([shard(1, parent=0, start=10), shard(2)], checkpoints, allow_data_loss=True)
+    assert sid(2) in p.shard_ids
+    assert sid(1) in p.shard_ids, f"child of the vanished shard not planned: {p.waiting}"
+    assert ranges(p)[sid(1)].start == StartPosition("TRIM_HORIZON")
 
 
 def test_ranges_are_ordered_parents_before_children():
