@@ -48,6 +48,8 @@ class BatchPlan:
         over with ``allow_data_loss=True`` (their unread records are lost).
     :param open_shards: the stream's open shards at planning time (the topology the resharding
         sensor compares against).
+    :param trim_gaps: shard id -> description of records that may have aged out unread after the
+        checkpoint, passed over with ``allow_data_loss=True``.
     """
 
     batch_id: int
@@ -62,6 +64,7 @@ class BatchPlan:
     waiting: Mapping[str, str] = field(default_factory=dict)
     lost_shards: tuple[str, ...] = ()
     open_shards: tuple[str, ...] = ()
+    trim_gaps: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def shard_ids(self) -> list[str]:
@@ -81,6 +84,7 @@ class BatchPlan:
             "waiting": dict(self.waiting),
             "lost_shards": list(self.lost_shards),
             "open_shards": list(self.open_shards),
+            "trim_gaps": dict(self.trim_gaps),
         }
 
     @classmethod
@@ -98,6 +102,7 @@ class BatchPlan:
             waiting=dict(data.get("waiting", {})),
             lost_shards=tuple(data.get("lost_shards", ())),
             open_shards=tuple(data.get("open_shards", ())),
+            trim_gaps=dict(data.get("trim_gaps", {})),
         )
 
 
@@ -225,17 +230,23 @@ def advance(shard_range: ShardRange, report: ShardReport) -> Checkpoint:
 
     ``SHARD_END`` if the shard's end was reached; else the last user record read; else, when
     nothing was read from an ``AT_TIMESTAMP`` start, ``AT_TIMESTAMP cutoff`` (no record arrived
-    in between); else the starting checkpoint, unchanged.
+    in between); else the starting checkpoint, unchanged. The result's ``clear_until`` is the
+    cutoff when reading stopped at the cutoff or the tip (every later record arrives after it),
+    else the last record's arrival.
     """
     if report.shard_end:
         return Checkpoint(Sentinel.SHARD_END)
-    if report.last is not None:
-        return Checkpoint(position=report.last)
+    reached_cutoff = report.stop_reason in ("cutoff", "caught_up")
     start = shard_range.start_checkpoint
-    if start.sentinel is Sentinel.AT_TIMESTAMP and report.stop_reason in ("cutoff", "caught_up"):
+    if report.last is not None:
+        return Checkpoint(position=report.last, clear_until=shard_range.cutoff if reached_cutoff else report.last_arrival)
+    if not reached_cutoff:
+        return start
+    if start.sentinel is Sentinel.AT_TIMESTAMP:
         assert start.timestamp is not None
-        return Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=max(start.timestamp, shard_range.cutoff))
-    return start
+        moved = max(start.timestamp, shard_range.cutoff)
+        return Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=moved, clear_until=moved)
+    return start.with_clear_until(max(shard_range.cutoff, start.clear_until or shard_range.cutoff))
 
 
 def validate_report(plan: BatchPlan, reports: Iterable[ShardReport]) -> dict[str, Checkpoint]:

@@ -19,7 +19,7 @@ record is committed") or one of the sentinels of the KCL:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import Enum
 from functools import total_ordering
@@ -146,6 +146,9 @@ class Checkpoint:
     sentinel: Sentinel | None = None
     position: ExtendedSequenceNumber | None = None
     timestamp: datetime | None = None
+    #: Every record after this checkpoint arrived at or after this time, as far as the batch that
+    #: made it knows (UTC). Metadata for the trim-horizon check: not part of the position.
+    clear_until: datetime | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if (self.sentinel is None) == (self.position is None):
@@ -156,6 +159,12 @@ class Checkpoint:
             raise ValueError("AT_TIMESTAMP checkpoints, and only they, carry a timestamp")
         if self.timestamp is not None:
             object.__setattr__(self, "timestamp", to_utc(self.timestamp))
+        if self.clear_until is not None:
+            object.__setattr__(self, "clear_until", to_utc(self.clear_until))
+
+    def with_clear_until(self, value: datetime | None) -> Checkpoint:
+        """A copy that knows no record after it arrived before ``value``."""
+        return replace(self, clear_until=value)
 
     @classmethod
     def at(cls, sequence_number: str, sub_sequence_number: int | None = None) -> Checkpoint:
@@ -168,20 +177,23 @@ class Checkpoint:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form, as stored in the batch log."""
         if self.position is not None:
-            return {"type": "SEQUENCE", **self.position.to_dict()}
-        out: dict[str, Any] = {"type": self.sentinel.value}  # type: ignore[union-attr]
+            out: dict[str, Any] = {"type": "SEQUENCE", **self.position.to_dict()}
+        else:
+            out = {"type": self.sentinel.value}  # type: ignore[union-attr]
         if self.timestamp is not None:
             out["timestamp"] = format_timestamp(self.timestamp)
+        if self.clear_until is not None:
+            out["clear_until"] = format_timestamp(self.clear_until)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Checkpoint:
         kind = data["type"]
+        clear_until = parse_timestamp(data["clear_until"]) if data.get("clear_until") else None
         if kind == "SEQUENCE":
-            return cls(position=ExtendedSequenceNumber.from_dict(data))
-        sentinel = Sentinel(kind)
+            return cls(position=ExtendedSequenceNumber.from_dict(data), clear_until=clear_until)
         ts = parse_timestamp(data["timestamp"]) if data.get("timestamp") else None
-        return cls(sentinel=sentinel, timestamp=ts)
+        return cls(sentinel=Sentinel(kind), timestamp=ts, clear_until=clear_until)
 
     def __str__(self) -> str:
         if self.position is not None:

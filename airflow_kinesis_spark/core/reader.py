@@ -210,6 +210,8 @@ class ShardReport:
     :param shard_end: whether the shard's end was reached.
     :param stop_reason: one of ``cutoff``, ``caught_up``, ``shard_end``, ``max_records``, ``max_bytes``.
     :param millis_behind_latest: ``MillisBehindLatest`` of the last response (ms), if any.
+    :param first_arrival: ``ApproximateArrivalTimestamp`` of the first user record read (UTC).
+    :param last_arrival: of the last user record read (UTC).
     """
 
     shard_id: str
@@ -225,6 +227,8 @@ class ShardReport:
     get_records_calls: int = 0
     throttled_calls: int = 0
     expired_iterators: int = 0
+    first_arrival: datetime | None = None
+    last_arrival: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -241,6 +245,8 @@ class ShardReport:
             "get_records_calls": self.get_records_calls,
             "throttled_calls": self.throttled_calls,
             "expired_iterators": self.expired_iterators,
+            "first_arrival": format_timestamp(self.first_arrival) if self.first_arrival else None,
+            "last_arrival": format_timestamp(self.last_arrival) if self.last_arrival else None,
         }
 
     @classmethod
@@ -248,6 +254,8 @@ class ShardReport:
         values = dict(data)
         for key in ("first", "last"):
             values[key] = ExtendedSequenceNumber.from_dict(values[key]) if values.get(key) else None
+        for key in ("first_arrival", "last_arrival"):
+            values[key] = parse_timestamp(values[key]) if values.get(key) else None
         return cls(**values)
 
 
@@ -301,6 +309,8 @@ class _Progress:
     expired: int = 0
     millis_behind_latest: int | None = None
     stop_reason: str | None = None
+    first_arrival: datetime | None = None
+    last_arrival: datetime | None = None
 
 
 class ShardReader:
@@ -351,89 +361,80 @@ class ShardReader:
         self._clock = clock
         self._last_call: float | None = None
         self.report: ShardReport | None = None
+        self.next_iterator: str | None = None
         self._p = _Progress()
+        self._cutoff = to_utc(shard_range.cutoff)
+        self._ending = int(shard_range.ending_sequence_number) if shard_range.ending_sequence_number else None
 
-    # -- service calls -------------------------------------------------------------------------
+    # -- the protocol, free of I/O: drivers (sync here, async in the triggers) call these ------
 
-    def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        """Call Kinesis, retrying throttling errors with exponential backoff and full jitter."""
-        attempt = 0
-        while True:
-            try:
-                return getattr(self.client, operation)(**kwargs)
-            except self.client.exceptions.ClientError as err:
-                code = err.response.get("Error", {}).get("Code", "")
-                if code not in THROTTLING_ERRORS or attempt >= self.max_throttle_retries:
-                    raise
-                self._p.throttled += 1
-                delay = random.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
-                log.info("shard %s: %s on %s, retry %d in %.2fs", self.range.shard_id, code, operation, attempt + 1, delay)
-                self._sleep(delay)
-                attempt += 1
+    @property
+    def done(self) -> bool:
+        """Whether a stop rule has held."""
+        return self._p.stop_reason is not None
 
-    def _iterator(self) -> str | None:
-        """A shard iterator at the range's start, or just after the last Kinesis record read."""
+    def iterator_request(self) -> dict[str, Any]:
+        """``GetShardIterator`` arguments: the range's start, or just after the last record read."""
         if self._p.last_kinesis_sequence is not None:
             start = StartPosition("AFTER_SEQUENCE_NUMBER", sequence_number=self._p.last_kinesis_sequence)
         else:
             start = self.range.start
-        response = self._call(
-            "get_shard_iterator", StreamName=self.stream_name, ShardId=self.range.shard_id, **start.iterator_kwargs()
-        )
-        return response.get("ShardIterator")
+        return {"StreamName": self.stream_name, "ShardId": self.range.shard_id, **start.iterator_kwargs()}
 
-    def _get_records(self, iterator: str) -> dict[str, Any] | None:
-        """One paced GetRecords call; ``None`` when the iterator expired."""
-        if self._last_call is not None and self.min_call_interval > 0:
-            wait = self.min_call_interval - (self._clock() - self._last_call)
-            if wait > 0:
-                self._sleep(wait)
+    def records_request(self, iterator: str) -> dict[str, Any]:
+        """``GetRecords`` arguments; ``Limit`` never asks for more than the record cap leaves."""
         limit = self.limit
         if self.range.max_records is not None:
             limit = max(1, min(limit, self.range.max_records - self._p.records))
-        try:
-            self._p.calls += 1
-            return self._call("get_records", ShardIterator=iterator, Limit=limit)
-        except self.client.exceptions.ExpiredIteratorException:
-            self._p.expired += 1
-            log.info("shard %s: shard iterator expired; renewing after %s", self.range.shard_id, self._p.last_kinesis_sequence)
+        self._p.calls += 1
+        return {"ShardIterator": iterator, "Limit": limit}
+
+    def throttle_delay(self, error_code: str, attempt: int) -> float | None:
+        """Seconds to wait before retry ``attempt`` (0-based) of a call that failed with
+        ``error_code``; ``None`` when the error is not a throttling error or retries are spent.
+        Exponential backoff with full jitter."""
+        if error_code not in THROTTLING_ERRORS or attempt >= self.max_throttle_retries:
             return None
-        finally:
-            self._last_call = self._clock()
+        self._p.throttled += 1
+        return random.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
 
-    # -- reading -------------------------------------------------------------------------------
+    def iterator_expired(self) -> None:
+        """Count an ``ExpiredIteratorException``; the next :meth:`iterator_request` resumes
+        after the last Kinesis record read."""
+        self._p.expired += 1
+        log.info("shard %s: shard iterator expired; renewing after %s", self.range.shard_id, self._p.last_kinesis_sequence)
 
-    def pages(self) -> Iterator[list[UserRecord]]:
-        """Yield the user records of the range, one list per GetRecords response."""
-        rng = self.range
-        cutoff = to_utc(rng.cutoff)
-        ending = int(rng.ending_sequence_number) if rng.ending_sequence_number else None
-        started = time.monotonic()
-        iterator = self._iterator()
-        shard_end = iterator is None
-        while not shard_end and self._p.stop_reason is None:
-            response = self._get_records(iterator)  # type: ignore[arg-type]
-            if response is None:
-                iterator = self._iterator()
-                shard_end = iterator is None
-                continue
-            self._p.millis_behind_latest = response.get("MillisBehindLatest")
-            page: list[UserRecord] = []
-            for record in response.get("Records", []):
-                if self._take(record, cutoff, ending, page):
-                    break
-            if page:
-                yield page
-            if self._p.stop_reason is not None:
-                break
-            iterator = response.get("NextShardIterator")
-            if iterator is None:
-                shard_end = True
-            elif not response.get("Records") and response.get("MillisBehindLatest") == 0:
-                self._p.stop_reason = "caught_up"
-        if shard_end:
+    def start(self, iterator: str | None) -> None:
+        """Take the iterator GetShardIterator returned (``None``: the shard has ended)."""
+        self.next_iterator = iterator
+        if iterator is None:
             self._p.stop_reason = "shard_end"
-        p = self._p
+
+    def accept(self, response: Mapping[str, Any]) -> list[UserRecord]:
+        """Apply the stop rules to one GetRecords response; return the user records it adds.
+
+        Afterwards :attr:`done` tells whether to stop, else :attr:`next_iterator` is the next
+        call's iterator.
+        """
+        rng = self.range
+        self._p.millis_behind_latest = response.get("MillisBehindLatest")
+        page: list[UserRecord] = []
+        records = response.get("Records", [])
+        for record in records:
+            if self._take(record, self._cutoff, self._ending, page):
+                return page
+        self.next_iterator = response.get("NextShardIterator")
+        if self.next_iterator is None:
+            self._p.stop_reason = "shard_end"
+        elif not records and response.get("MillisBehindLatest") == 0:
+            # At the tip. A closed shard gets no new records: its tip is its end (moto never
+            # ends a closed shard's iterator chain; DESIGN.md, emulator quirks).
+            self._p.stop_reason = "shard_end" if rng.ending_sequence_number else "caught_up"
+        return page
+
+    def finish(self) -> ShardReport:
+        """The report of the range; call once the reading stopped."""
+        p, rng = self._p, self.range
         self.report = ShardReport(
             shard_id=rng.shard_id,
             first=p.first,
@@ -448,11 +449,54 @@ class ShardReader:
             get_records_calls=p.calls,
             throttled_calls=p.throttled,
             expired_iterators=p.expired,
+            first_arrival=p.first_arrival,
+            last_arrival=p.last_arrival,
         )
+        return self.report
+
+    # -- the synchronous driver ----------------------------------------------------------------
+
+    def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+        """Call Kinesis, retrying throttling errors (:meth:`throttle_delay`)."""
+        attempt = 0
+        while True:
+            try:
+                return getattr(self.client, operation)(**kwargs)
+            except self.client.exceptions.ClientError as err:
+                code = err.response.get("Error", {}).get("Code", "")
+                delay = self.throttle_delay(code, attempt)
+                if delay is None:
+                    raise
+                log.info("shard %s: %s on %s, retry %d in %.2fs", self.range.shard_id, code, operation, attempt + 1, delay)
+                self._sleep(delay)
+                attempt += 1
+
+    def pages(self) -> Iterator[list[UserRecord]]:
+        """Yield the user records of the range, one list per GetRecords response."""
+        started = time.monotonic()
+        self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
+        while not self.done:
+            if self._last_call is not None and self.min_call_interval > 0:
+                wait = self.min_call_interval - (self._clock() - self._last_call)
+                if wait > 0:
+                    self._sleep(wait)
+            try:
+                response = self._call("get_records", **self.records_request(self.next_iterator))  # type: ignore[arg-type]
+            except self.client.exceptions.ExpiredIteratorException:
+                self.iterator_expired()
+                self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
+                continue
+            finally:
+                self._last_call = self._clock()
+            page = self.accept(response)
+            if page:
+                yield page
+        report = self.finish()
+        p = self._p
         log.info(
             "shard %s: read %d records (%d Kinesis records, %d bytes) from %s, stop=%s, calls=%d, "
             "throttled=%d, expired=%d, %.2fs",
-            rng.shard_id, p.records, p.kinesis_records, p.kinesis_bytes, rng.start, self.report.stop_reason,
+            self.range.shard_id, p.records, p.kinesis_records, p.kinesis_bytes, self.range.start, report.stop_reason,
             p.calls, p.throttled, p.expired, time.monotonic() - started,
         )  # fmt: skip
 
@@ -499,6 +543,9 @@ class ShardReader:
             if p.first is None:
                 p.first = position
             p.last = position
+        if users:
+            p.first_arrival = p.first_arrival or arrival
+            p.last_arrival = arrival
         p.records += len(users)
         p.bytes += size
         p.kinesis_records += 1
@@ -523,14 +570,13 @@ class ShardReader:
 
 
 
-def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
-    """Look for a first record in a range without reading the range (``Limit`` 1).
+def probe_reader(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReader:
+    """A reader of at most one Kinesis record of the range (``Limit`` 1, record cap 1).
 
     The stop rules are those of a full read, so a report with ``records == 0`` is the full
-    report of an empty range (cutoff, caught up or shard end), and the batch needs no Spark job.
+    report of an empty range (cutoff, caught up or shard end), and the batch needs no Spark job;
+    otherwise the report's ``first`` and ``first_arrival`` tell the oldest unconsumed record.
     An aggregated first record is read whole.
-
-    :returns: the report of reading at most one Kinesis record of the range.
     """
     capped = ShardRange(
         shard_id=shard_range.shard_id,
@@ -541,5 +587,9 @@ def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader
         max_records=1,
         max_bytes=shard_range.max_bytes,
     )
-    reader = ShardReader(client, stream_name, capped, limit=1, **reader_kwargs)
-    return reader.read_all()[1]
+    return ShardReader(client, stream_name, capped, limit=1, **reader_kwargs)
+
+
+def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
+    """Read at most one Kinesis record of a range (see :func:`probe_reader`) with a boto3 client."""
+    return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]

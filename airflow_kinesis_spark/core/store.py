@@ -6,7 +6,7 @@ Layout (one table, created on first use with on-demand billing; any number of co
 key (``pk``, ``sk``)               item
 =================================  =========================================================
 ``{stream}|{consumer}``, ``HEAD``  the head: ``committed_batch_id``, ``committed_owner``,
-                                   ``pending_batch_id``, ``pending_plan_owner``,
+                                   ``committed_plan_owner``, ``pending_batch_id``, ``pending_plan_owner``,
                                    ``pending_owner``, ``pending_report_owner``
 ``..., BATCH#{id}#PLAN#{owner}#n`` chunk ``n`` of a batch's plan (JSON, at most 350 KB a chunk)
 ``..., BATCH#{id}#REPORT#{owner}#n`` chunk ``n`` of the job's per-shard report
@@ -77,6 +77,43 @@ class Head:
     pending_plan_owner: str | None = None
     pending_owner: str | None = None
     pending_report_owner: str | None = None
+    committed_plan_owner: str | None = None
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any] | None) -> Head:
+        """Parse the head item as ``GetItem`` returns it (``None``: no head yet)."""
+        if not item:
+            return cls()
+
+        def num(name: str) -> int | None:
+            return int(item[name]["N"]) if name in item else None
+
+        def text(name: str) -> str | None:
+            return item[name]["S"] if name in item else None
+
+        return cls(
+            committed_batch_id=num("committed_batch_id") or 0,
+            committed_owner=text("committed_owner"),
+            pending_batch_id=num("pending_batch_id"),
+            pending_plan_owner=text("pending_plan_owner"),
+            pending_owner=text("pending_owner"),
+            pending_report_owner=text("pending_report_owner"),
+            committed_plan_owner=text("committed_plan_owner"),
+        )
+
+
+def join_chunks(items: list[Mapping[str, Any]], what: str) -> Any | None:
+    """The JSON payload of chunk items (any order); ``None`` when there are none.
+
+    :raises RuntimeError: when chunks are missing.
+    """
+    if not items:
+        return None
+    expected = int(items[0]["chunks"]["N"])
+    if len(items) != expected:
+        raise RuntimeError(f"{what}: {len(items)} of {expected} chunks found")
+    ordered = sorted(items, key=lambda i: i["sk"]["S"])
+    return json.loads("".join(i["body"]["S"] for i in ordered))
 
 
 def _now() -> str:
@@ -147,28 +184,33 @@ class DynamoDBCheckpointStore:
 
     # -- reading -------------------------------------------------------------------------------
 
+    def head_request(self) -> dict[str, Any]:
+        """``GetItem`` arguments for the head (strongly consistent)."""
+        return {"TableName": self.table_name, "Key": self._key("HEAD"), "ConsistentRead": True}
+
+    def chunks_request(self, batch_id: int, kind: str, owner: str) -> dict[str, Any]:
+        """``Query`` arguments for the chunks of one payload (strongly consistent)."""
+        return {
+            "TableName": self.table_name,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": {":pk": {"S": self.pk}, ":prefix": {"S": self._prefix(batch_id, kind, owner)}},
+            "ConsistentRead": True,
+        }
+
     def head(self) -> Head:
-        """Read the head item (strongly consistent)."""
-        item = self.client.get_item(
-            TableName=self.table_name, Key=self._key("HEAD"), ConsistentRead=True
-        ).get("Item")
-        if not item:
+        """Read the head item (strongly consistent); a table not created yet reads as no head."""
+        try:
+            return Head.from_item(self.client.get_item(**self.head_request()).get("Item"))
+        except self.client.exceptions.ResourceNotFoundException:
             return Head()
 
-        def num(name: str) -> int | None:
-            return int(item[name]["N"]) if name in item else None
-
-        def text(name: str) -> str | None:
-            return item[name]["S"] if name in item else None
-
-        return Head(
-            committed_batch_id=num("committed_batch_id") or 0,
-            committed_owner=text("committed_owner"),
-            pending_batch_id=num("pending_batch_id"),
-            pending_plan_owner=text("pending_plan_owner"),
-            pending_owner=text("pending_owner"),
-            pending_report_owner=text("pending_report_owner"),
-        )
+    def committed_plan(self, head: Head | None = None) -> BatchPlan | None:
+        """The plan of the last committed batch (``None`` before the first commit)."""
+        head = head or self.head()
+        if head.committed_batch_id == 0 or head.committed_plan_owner is None:
+            return None
+        data = self._read_chunks(head.committed_batch_id, "PLAN", head.committed_plan_owner)
+        return None if data is None else BatchPlan.from_dict(data)
 
     def committed_checkpoints(self, head: Head | None = None) -> dict[str, Checkpoint]:
         """Every shard's committed checkpoint (empty before the first commit)."""
@@ -273,11 +315,12 @@ class DynamoDBCheckpointStore:
         self._write_chunks(plan.batch_id, "CKPT", owner, {k: v.to_dict() for k, v in checkpoints.items()})
         try:
             self._update_head(
-                "SET committed_batch_id = :n, committed_owner = :o, committed_at = :t "
+                "SET committed_batch_id = :n, committed_owner = :o, committed_plan_owner = :po, committed_at = :t "
                 "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner",
-                "committed_batch_id = :prev AND pending_batch_id = :n AND pending_owner = :o",
+                "committed_batch_id = :prev AND pending_batch_id = :n AND pending_owner = :o "
+                "AND pending_plan_owner = :po",
                 {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
-                 ":prev": {"N": str(plan.batch_id - 1)}},
+                 ":prev": {"N": str(plan.batch_id - 1)}, ":po": {"S": head.pending_plan_owner or ""}},
                 action=f"commit batch {plan.batch_id}",
                 owner=owner,
             )  # fmt: skip
@@ -342,23 +385,10 @@ class DynamoDBCheckpointStore:
             )
 
     def _read_chunks(self, batch_id: int, kind: str, owner: str) -> Any | None:
-        prefix = self._prefix(batch_id, kind, owner)
         items: list[dict[str, Any]] = []
-        paginator = self.client.get_paginator("query")
-        for page in paginator.paginate(
-            TableName=self.table_name,
-            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
-            ExpressionAttributeValues={":pk": {"S": self.pk}, ":prefix": {"S": prefix}},
-            ConsistentRead=True,
-        ):
+        for page in self.client.get_paginator("query").paginate(**self.chunks_request(batch_id, kind, owner)):
             items.extend(page.get("Items", []))
-        if not items:
-            return None
-        expected = int(items[0]["chunks"]["N"])
-        if len(items) != expected:
-            raise RuntimeError(f"{kind} of batch {batch_id}: {len(items)} of {expected} chunks found")
-        items.sort(key=lambda i: i["sk"]["S"])
-        return json.loads("".join(i["body"]["S"] for i in items))
+        return join_chunks(items, f"{kind} of batch {batch_id}")
 
     def _mirror_leases(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]) -> None:
         """Write the per-shard KCL-style items of the planned shards. Best effort: never raises."""

@@ -12,7 +12,8 @@ import uuid
 import zipfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,9 @@ from airflow.sdk import BaseOperator, Context
 
 import airflow_kinesis_spark
 from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS, BatchPlan, plan_incremental, validate_report
-from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, parse_timestamp
-from airflow_kinesis_spark.core.reader import ShardReport, probe_range
+from airflow_kinesis_spark.core.lag import trim_gap
+from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, parse_timestamp
+from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition, probe_range
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, validate_table_name
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportValidationError
@@ -37,6 +39,8 @@ __all__ = ["KinesisToSparkOperator", "spark_script_path"]
 # Consumer (application) names: as KCL application names, 1-128 of a-z A-Z 0-9 _ - .
 _CONSUMER_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 SPARK_SCRIPT = "kinesis_batch.py"
+#: The shortest retention period a stream can have (24 hours, Kinesis developer guide).
+MIN_RETENTION = timedelta(hours=24)
 
 
 def spark_script_path() -> str:
@@ -121,14 +125,16 @@ class KinesisToSparkOperator(BaseOperator):
     :param get_records_limit: ``Limit`` of each GetRecords call, 1..10,000 (Kinesis API reference).
     :param min_call_interval: seconds between two GetRecords calls on one shard; 0.2 matches the
         service's 5 calls per second per shard.
-    :param allow_data_loss: go on when a checkpointed shard vanished before ``SHARD_END`` (its
-        unread records aged out); without it the run fails (LOUD).
+    :param allow_data_loss: go on when records may be lost: a checkpointed shard vanished before
+        ``SHARD_END``, or a checkpoint fell behind the trim horizon (records after it may have
+        aged out). The gap is logged and reported in the summary; without this flag the run fails
+        without retry and nothing is read (LOUD).
     :returns: (XCom) the batch summary: ``batch_id``, ``status`` (``committed``,
         ``committed_without_records`` or ``no_new_records``), ``stream_name``,
         ``consumer_name``, ``records``, ``bytes``, ``output_path``, ``cutoff``, ``reused_plan``,
         ``shards`` (per shard: ``records``, ``bytes``, ``first``, ``last``, ``checkpoint``,
         ``stop_reason``, ``shard_end``), ``waiting_shards`` (shard id -> reason) and
-        ``lost_shards`` (shards passed over with ``allow_data_loss``).
+        ``lost_shards`` and ``trim_gaps`` (what was passed over with ``allow_data_loss``).
     :raises ValueError: bad arguments (names, caps, transform, output path), before anything is read.
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
     :raises AirflowFailException: (no retry) another run of this consumer moved the checkpoints
@@ -318,9 +324,56 @@ class KinesisToSparkOperator(BaseOperator):
             max_bytes_per_shard=self.max_bytes_per_shard,
             allow_data_loss=self.allow_data_loss,
         )
+        gaps = self._trim_gaps(plan, now)
+        if gaps:
+            detail = "; ".join(f"{k}: {v}" for k, v in sorted(gaps.items()))
+            if not self.allow_data_loss:
+                raise DataLossError(
+                    f"Checkpoints of consumer {self.consumer_name!r} fell behind the trim horizon of stream "
+                    f"{self.stream_name!r}: {detail}. Records after them may have aged out unread. Nothing was "
+                    "read. To go on from the oldest records kept, re-run with allow_data_loss=True.",
+                    trim_gaps=gaps,
+                )
+            self.log.warning("Going on past possible data loss (allow_data_loss=True): %s", detail)
+            plan = replace(plan, trim_gaps=gaps)
         for rng in plan.ranges:
             self.log.info("Plan batch %d: shard %s from %s to cutoff %s", batch_id, rng.shard_id, rng.start, format_timestamp(rng.cutoff))
         return plan
+
+    def _trim_gaps(self, plan: BatchPlan, now: datetime) -> dict[str, str]:
+        """Shards whose checkpoint may have fallen behind the trim horizon (see ``lag.trim_gap``).
+
+        Costs nothing while every checkpoint is known good within 24 hours (the shortest
+        retention period, Kinesis developer guide); otherwise one DescribeStreamSummary and one
+        TRIM_HORIZON probe per doubtful shard.
+        """
+        def known_until(rng: ShardRange) -> datetime | None:
+            return rng.start_checkpoint.clear_until or rng.start_checkpoint.timestamp
+
+        doubtful = [
+            r for r in plan.ranges
+            if r.start_checkpoint.sentinel is not Sentinel.TRIM_HORIZON
+            and ((known_until(r) is None) or known_until(r) < now - MIN_RETENTION)  # type: ignore[operator]
+        ]  # fmt: skip
+        if not doubtful:
+            return {}
+        retention = float(self.kinesis_hook.describe_stream_summary(plan.stream_name)["RetentionPeriodHours"])
+        horizon = now - timedelta(hours=retention)
+        gaps = {}
+        for rng in doubtful:
+            oldest = probe_range(
+                self.kinesis_hook.conn, plan.stream_name,
+                ShardRange(rng.shard_id, StartPosition("TRIM_HORIZON"), Checkpoint(Sentinel.TRIM_HORIZON), now,
+                           rng.ending_sequence_number),
+                min_call_interval=self.min_call_interval,
+            )  # fmt: skip
+            oldest_seq = oldest.first.sequence_number if oldest.first else None
+            if trim_gap(rng.start_checkpoint, oldest_seq, oldest.first_arrival, horizon):
+                gaps[rng.shard_id] = (
+                    f"checkpoint {rng.start_checkpoint}, oldest record kept {oldest_seq} "
+                    f"(retention {retention:g} h, trim horizon {format_timestamp(horizon)})"
+                )
+        return gaps
 
     def _cutoff(self, context: Context, now: datetime) -> datetime:
         if self.cutoff:
@@ -461,4 +514,5 @@ class KinesisToSparkOperator(BaseOperator):
             "shards": shards,
             "waiting_shards": dict(plan.waiting),
             "lost_shards": list(plan.lost_shards),
+            "trim_gaps": dict(plan.trim_gaps),
         }

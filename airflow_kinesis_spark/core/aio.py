@@ -1,0 +1,131 @@
+"""Async drivers for the triggers: the same decisions as the sync code, over aiobotocore clients.
+
+Only the calls differ; every rule comes from ``reader`` (stop rules, backoff), ``store`` (keys,
+head and chunk parsing), ``shards`` and ``lag``. No Airflow import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from airflow_kinesis_spark.core.lag import lag_plan, lag_summary, shard_lag
+from airflow_kinesis_spark.core.planner import BatchPlan
+from airflow_kinesis_spark.core.positions import Checkpoint
+from airflow_kinesis_spark.core.reader import ShardRange, ShardReader, ShardReport, probe_reader
+from airflow_kinesis_spark.core.shards import Shard
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head, join_chunks
+from airflow_kinesis_spark.exceptions import StreamNotFoundError
+
+__all__ = ["list_shards", "probe_range", "committed_state", "measure_lag", "describe_stream_summary"]
+
+
+async def _call(reader: ShardReader, method: Any, **kwargs: Any) -> dict[str, Any]:
+    attempt = 0
+    while True:
+        try:
+            return await method(**kwargs)
+        except ClientError as err:
+            delay = reader.throttle_delay(err.response.get("Error", {}).get("Code", ""), attempt)
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
+            attempt += 1
+
+
+async def list_shards(client: Any, stream_name: str) -> list[Shard]:
+    """Async ``shards.list_shards`` (same paging and moto workaround)."""
+    shards: list[Shard] = []
+    kwargs: dict[str, Any] = {"StreamName": stream_name}
+    resend_name = False
+    while True:
+        try:
+            page = await client.list_shards(**kwargs)
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code")
+            if code == "ResourceNotFoundException":
+                raise StreamNotFoundError.for_client(stream_name, client) from err
+            if "NextToken" not in kwargs or resend_name:
+                raise
+            resend_name = True  # moto's server wants StreamName with NextToken (DESIGN.md)
+            kwargs["StreamName"] = stream_name
+            continue
+        shards.extend(Shard.from_api(s) for s in page.get("Shards", []))
+        token = page.get("NextToken")
+        if not token:
+            return shards
+        kwargs = {"NextToken": token, **({"StreamName": stream_name} if resend_name else {})}
+
+
+async def probe_range(client: Any, stream_name: str, shard_range: ShardRange) -> ShardReport:
+    """Async ``reader.probe_range``: at most one Kinesis record of the range."""
+    reader = probe_reader(None, stream_name, shard_range, min_call_interval=0)
+    response = await _call(reader, client.get_shard_iterator, **reader.iterator_request())
+    reader.start(response.get("ShardIterator"))
+    while not reader.done:
+        try:
+            response = await _call(reader, client.get_records, **reader.records_request(reader.next_iterator))
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") != "ExpiredIteratorException":
+                raise
+            reader.iterator_expired()
+            reader.start((await _call(reader, client.get_shard_iterator, **reader.iterator_request())).get("ShardIterator"))
+            continue
+        reader.accept(response)
+    return reader.finish()
+
+
+async def _payload(client: Any, store: DynamoDBCheckpointStore, batch_id: int, kind: str, owner: str) -> Any:
+    items: list[dict[str, Any]] = []
+    request = store.chunks_request(batch_id, kind, owner)
+    while True:
+        page = await client.query(**request)
+        items.extend(page.get("Items", []))
+        if "LastEvaluatedKey" not in page:
+            return join_chunks(items, f"{kind} of batch {batch_id}")
+        request = {**request, "ExclusiveStartKey": page["LastEvaluatedKey"]}
+
+
+async def committed_state(client: Any, store: DynamoDBCheckpointStore) -> tuple[Head, dict[str, Checkpoint], BatchPlan | None]:
+    """The head, the committed checkpoints and the committed batch's plan.
+
+    A table that does not exist yet reads as a consumer with no committed batch.
+    """
+    try:
+        head = Head.from_item((await client.get_item(**store.head_request())).get("Item"))
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+            raise
+        return Head(), {}, None
+    if head.committed_batch_id == 0 or head.committed_owner is None:
+        return head, {}, None
+    data = await _payload(client, store, head.committed_batch_id, "CKPT", head.committed_owner) or {}
+    plan = None
+    if head.committed_plan_owner:
+        plan_data = await _payload(client, store, head.committed_batch_id, "PLAN", head.committed_plan_owner)
+        plan = BatchPlan.from_dict(plan_data) if plan_data else None
+    return head, {k: Checkpoint.from_dict(v) for k, v in data.items()}, plan
+
+
+async def describe_stream_summary(client: Any, stream_name: str) -> dict[str, Any]:
+    try:
+        return (await client.describe_stream_summary(StreamName=stream_name))["StreamDescriptionSummary"]
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+            raise StreamNotFoundError.for_client(stream_name, client) from err
+        raise
+
+
+async def measure_lag(
+    kinesis: Any, dynamodb: Any, store: DynamoDBCheckpointStore, *, initial_position: str = "TRIM_HORIZON"
+) -> dict[str, Any]:
+    """Async ``lag.measure_lag``: probes every readable shard concurrently."""
+    now = datetime.now(timezone.utc)
+    shards = await list_shards(kinesis, store.stream_name)
+    _, checkpoints, _ = await committed_state(dynamodb, store)
+    plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position)
+    probes = await asyncio.gather(*(probe_range(kinesis, store.stream_name, r) for r in plan.ranges))
+    return lag_summary([shard_lag(r, p, now) for r, p in zip(plan.ranges, probes, strict=True)], plan, now)

@@ -1,0 +1,209 @@
+"""How far a consumer is behind: per-shard lag, backlog conditions, retention and trim-horizon gaps.
+
+Lag here is *per consumer*: it is measured after the consumer's committed checkpoint, by looking
+at the first unconsumed record of each shard (one ``GetRecords`` call with ``Limit`` 1). Its age
+is what CloudWatch's ``GetRecords.IteratorAgeMilliseconds`` means, but for this consumer's
+checkpoints rather than for a running reader, so it works on every emulator (kinesalite reports
+``MillisBehindLatest`` 0 always; the service's value is kept where it is given).
+
+The I/O lives in the callers (sync in the sensors, async in the triggers); this module decides.
+No Airflow import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
+from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, to_utc
+from airflow_kinesis_spark.core.reader import ShardRange, ShardReport
+from airflow_kinesis_spark.core.shards import Shard, ShardLineage
+
+__all__ = [
+    "ShardLag",
+    "lag_plan",
+    "shard_lag",
+    "lag_summary",
+    "backlog_ready",
+    "retention_risks",
+    "trim_gap",
+    "topology_change",
+]
+
+
+@dataclass(frozen=True)
+class ShardLag:
+    """One shard's lag for one consumer.
+
+    :param shard_id: the shard.
+    :param checkpoint: the committed checkpoint (or the initial position) it is measured from.
+    :param has_unconsumed: whether a record exists after the checkpoint.
+    :param oldest_unconsumed_arrival: ``ApproximateArrivalTimestamp`` of the first unconsumed record (UTC).
+    :param age_ms: milliseconds from that arrival to the measurement; ``None`` if nothing is unconsumed.
+    :param millis_behind_latest: the service's ``MillisBehindLatest`` (ms) at the checkpoint, where given.
+    """
+
+    shard_id: str
+    checkpoint: str
+    has_unconsumed: bool
+    oldest_unconsumed_arrival: datetime | None
+    age_ms: int | None
+    millis_behind_latest: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checkpoint": self.checkpoint,
+            "has_unconsumed": self.has_unconsumed,
+            "oldest_unconsumed_arrival": format_timestamp(self.oldest_unconsumed_arrival)
+            if self.oldest_unconsumed_arrival
+            else None,
+            "age_ms": self.age_ms,
+            "millis_behind_latest": self.millis_behind_latest,
+        }
+
+
+def lag_plan(
+    stream_name: str, consumer_name: str, shards: Iterable[Shard], checkpoints: Mapping[str, Checkpoint], now: datetime,
+    initial_position: str = "TRIM_HORIZON",
+) -> BatchPlan:  # fmt: skip
+    """The ranges whose first record tells the lag: every readable shard, from its checkpoint to now.
+
+    Shards waiting for their parents are left out (a batch could not read them yet either).
+    """
+    return plan_incremental(
+        batch_id=0, stream_name=stream_name, consumer_name=consumer_name, shards=shards, checkpoints=checkpoints,
+        cutoff=now, now=now, output_location="", initial_position=initial_position, allow_data_loss=True,
+    )  # fmt: skip
+
+
+def shard_lag(shard_range: ShardRange, probe: ShardReport, now: datetime) -> ShardLag:
+    """Lag of one shard from the probe of its range (see ``reader.probe_range``)."""
+    arrival = probe.first_arrival if probe.records else None
+    age = max(0, int((to_utc(now) - arrival).total_seconds() * 1000)) if arrival else None
+    return ShardLag(
+        shard_id=shard_range.shard_id,
+        checkpoint=str(shard_range.start_checkpoint),
+        has_unconsumed=probe.records > 0,
+        oldest_unconsumed_arrival=arrival,
+        age_ms=age,
+        millis_behind_latest=probe.millis_behind_latest,
+    )
+
+
+def lag_summary(lags: Sequence[ShardLag], plan: BatchPlan, now: datetime) -> dict[str, Any]:
+    """JSON-safe summary (the sensors' XCom): per shard lag, maxima, waiting shards."""
+    ages = [lag.age_ms for lag in lags if lag.age_ms is not None]
+    return {
+        "stream_name": plan.stream_name,
+        "consumer_name": plan.consumer_name,
+        "measured_at": format_timestamp(now),
+        "shards": {lag.shard_id: lag.to_dict() for lag in lags},
+        "shards_with_unconsumed": sorted(lag.shard_id for lag in lags if lag.has_unconsumed),
+        "max_age_ms": max(ages) if ages else 0,
+        "waiting_shards": dict(plan.waiting),
+    }
+
+
+def backlog_ready(summary: Mapping[str, Any], min_age_seconds: float | None) -> bool:
+    """Whether the backlog is worth a batch.
+
+    :param min_age_seconds: with a number: the oldest unconsumed record is at least this old;
+        with ``None``: any shard has an unconsumed record.
+    """
+    if min_age_seconds is None:
+        return bool(summary["shards_with_unconsumed"])
+    return bool(summary["shards_with_unconsumed"]) and summary["max_age_ms"] >= min_age_seconds * 1000
+
+
+def retention_risks(summary: Mapping[str, Any], retention_period_hours: float, margin: timedelta) -> dict[str, int]:
+    """Shards whose oldest unconsumed record is within ``margin`` of the retention period.
+
+    :param retention_period_hours: the stream's ``RetentionPeriodHours`` (DescribeStreamSummary).
+    :returns: shard id -> milliseconds left before the record ages out (may be negative).
+    """
+    limit_ms = int(retention_period_hours * 3_600_000)
+    margin_ms = int(margin.total_seconds() * 1000)
+    out = {}
+    for shard_id, lag in summary["shards"].items():
+        age = lag.get("age_ms")
+        if age is not None and age >= limit_ms - margin_ms:
+            out[shard_id] = limit_ms - age
+    return out
+
+
+def trim_gap(
+    checkpoint: Checkpoint, oldest_sequence_number: str | None, oldest_arrival: datetime | None, trim_horizon: datetime
+) -> bool:
+    """Whether records after ``checkpoint`` may have aged out unread.
+
+    Records after a checkpoint arrived at or after its ``clear_until`` (what the batch that made
+    it knew). If that is after the trim horizon, nothing after the checkpoint can have been
+    trimmed. Otherwise there is a gap when the checkpointed record itself is gone (the oldest
+    record kept is past it) or, for an ``AT_TIMESTAMP`` checkpoint, the oldest record kept
+    arrived after that timestamp.
+
+    :param oldest_sequence_number: of the shard's oldest record kept (TRIM_HORIZON, Limit 1); ``None`` if empty.
+    :param oldest_arrival: its ``ApproximateArrivalTimestamp``.
+    :param trim_horizon: now minus the stream's retention period (UTC).
+    """
+    if oldest_sequence_number is None or checkpoint.sentinel in (Sentinel.TRIM_HORIZON, Sentinel.SHARD_END):
+        return False
+    known_until = checkpoint.clear_until or checkpoint.timestamp
+    if known_until is not None and known_until >= to_utc(trim_horizon):
+        return False
+    if checkpoint.position is not None:
+        return int(oldest_sequence_number) > int(checkpoint.position.sequence_number)
+    return oldest_arrival is not None and checkpoint.timestamp is not None and oldest_arrival > checkpoint.timestamp
+
+
+def topology_change(shards: Iterable[Shard], previous_open: Sequence[str]) -> dict[str, Any]:
+    """How the open shards differ from ``previous_open`` (the last committed batch's).
+
+    :returns: ``open_shards``, ``previous_open_shards``, ``new_shards``, ``closed_shards``,
+        ``children`` (parent shard id -> its child shard ids, for the new shards) and ``changed``.
+    """
+    lineage = ShardLineage(shards)
+    now_open = sorted(s.shard_id for s in lineage.shards.values() if not s.is_closed)
+    new = sorted(set(now_open) - set(previous_open))
+    closed = sorted(set(previous_open) - set(now_open))
+    children: dict[str, list[str]] = {}
+    for shard_id in new:
+        for parent in lineage.shards[shard_id].parents:
+            children.setdefault(parent, []).append(shard_id)
+    return {
+        "open_shards": now_open,
+        "previous_open_shards": sorted(previous_open),
+        "new_shards": new,
+        "closed_shards": closed,
+        "children": {k: sorted(v) for k, v in sorted(children.items())},
+        "changed": bool(new or closed),
+    }
+
+
+def measure_lag(
+    client: Any, store: Any, *, initial_position: str = "TRIM_HORIZON", now: datetime | None = None, max_workers: int = 16
+) -> dict[str, Any]:
+    """Measure a consumer's lag with a boto3 Kinesis client (one probe per readable shard).
+
+    :param client: boto3 Kinesis client.
+    :param store: the consumer's ``DynamoDBCheckpointStore``.
+    :returns: :func:`lag_summary`'s dict.
+    :raises StreamNotFoundError: the stream does not exist.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import timezone
+
+    from airflow_kinesis_spark.core.reader import probe_range
+    from airflow_kinesis_spark.core.shards import list_shards
+
+    now = now or datetime.now(timezone.utc)
+    shards = list_shards(client, store.stream_name)
+    plan = lag_plan(store.stream_name, store.consumer_name, shards, store.committed_checkpoints(), now, initial_position)
+    if not plan.ranges:
+        return lag_summary([], plan, now)
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(plan.ranges))) as pool:
+        probes = list(pool.map(lambda r: probe_range(client, store.stream_name, r, min_call_interval=0), plan.ranges))
+    return lag_summary([shard_lag(r, p, now) for r, p in zip(plan.ranges, probes, strict=True)], plan, now)
