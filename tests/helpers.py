@@ -87,3 +87,27 @@ def reports_for(plan: BatchPlan, checkpoints: dict[str, Checkpoint]) -> list[Sha
             )
         )
     return out
+
+
+def run_batch_without_spark(kinesis, store, *, batch_id: int, owner: str | None = None, **plan_kwargs):
+    """One batch of the protocol (plan, persist, read every range, validate, commit) with the
+    reader in this process instead of Spark. Returns (plan, reports, user records)."""
+    from airflow_kinesis_spark.core.planner import validate_report
+    from airflow_kinesis_spark.core.reader import ShardReader
+    from airflow_kinesis_spark.core.shards import list_shards
+
+    now = datetime.now(timezone.utc)
+    plan = plan_incremental(
+        batch_id=batch_id, stream_name=store.stream_name, consumer_name=store.consumer_name,
+        shards=list_shards(kinesis, store.stream_name), checkpoints=store.committed_checkpoints(),
+        cutoff=now, now=now, output_location=f"memory://batch_id={batch_id}", **plan_kwargs,
+    )  # fmt: skip
+    owner = owner or f"test-batch-{batch_id}"
+    store.begin(plan, owner)
+    records, reports = [], []
+    for rng in plan.ranges:
+        rows, report = ShardReader(kinesis, store.stream_name, rng, min_call_interval=0).read_all()
+        records.extend(rows)
+        reports.append(report)
+    store.commit(plan, validate_report(plan, reports), owner)
+    return plan, reports, records

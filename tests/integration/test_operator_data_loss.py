@@ -1,0 +1,82 @@
+"""LOUD: the operator refuses to plan past lost data unless allow_data_loss=True (moto, no Spark)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_kinesis_spark.core.planner import plan_incremental
+from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber
+from airflow_kinesis_spark.core.shards import list_shards
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from demo.producer import put_plain
+from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def aws_conn(monkeypatch, moto_endpoint):
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
+        "conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY,
+        "extra": {"region_name": REGION, "endpoint_url": moto_endpoint}}))  # fmt: skip
+
+
+def commit_checkpoints(kinesis, dynamodb, stream: str, checkpoints: dict[str, Checkpoint]) -> DynamoDBCheckpointStore:
+    """Commit batch 1 with the given checkpoints, as a run long ago would have."""
+    store = DynamoDBCheckpointStore(dynamodb, f"{stream}_ckpt", stream, "lake")
+    store.ensure_table()
+    now = datetime.now(timezone.utc)
+    plan = plan_incremental(batch_id=1, stream_name=stream, consumer_name="lake", shards=list_shards(kinesis, stream),
+                            checkpoints={}, cutoff=now, now=now, output_location="x")  # fmt: skip
+    store.begin(plan, "long-ago")
+    store.commit(plan, checkpoints, "long-ago")
+    return store
+
+
+def operator(stream: str, tmp_path, **kwargs) -> KinesisToSparkOperator:
+    return KinesisToSparkOperator(task_id="ingest", stream_name=stream, consumer_name="lake", checkpoint_table=f"{stream}_ckpt",
+                                  output_path=str(tmp_path / "out"), min_call_interval=0.0, **kwargs)  # fmt: skip
+
+
+def test_checkpoint_behind_the_trim_horizon_fails_without_allow_data_loss(kinesis, dynamodb, unique_name, tmp_path):
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a"), ("k", b"b")])
+    (shard,) = list_shards(kinesis, unique_name)
+    # The checkpointed record (sequence number 0) is older than every record kept, and the batch
+    # that made the checkpoint knew nothing after it for three days: records may have aged out.
+    stale = Checkpoint(position=ExtendedSequenceNumber("0"), clear_until=datetime.now(timezone.utc) - timedelta(days=3))
+    store = commit_checkpoints(kinesis, dynamodb, unique_name, {shard.shard_id: stale})
+    with pytest.raises(AirflowFailException, match=r"fell behind the trim horizon.*shardId-000000000000: checkpoint 0, oldest record kept 1 .*allow_data_loss=True"):
+        operator(unique_name, tmp_path).execute({})
+    assert store.head().pending_batch_id is None and store.head().committed_batch_id == 1  # nothing planned, nothing moved
+
+    op = operator(unique_name, tmp_path, allow_data_loss=True)
+    plan = op._plan(store, 2, {})
+    assert list(plan.trim_gaps) == [shard.shard_id] and "oldest record kept 1" in plan.trim_gaps[shard.shard_id]
+    assert op._summary(plan, [], plan.checkpoints, "committed", False)["trim_gaps"] == dict(plan.trim_gaps)
+
+
+def test_a_recent_checkpoint_is_not_a_gap_and_costs_no_extra_call(kinesis, dynamodb, unique_name, tmp_path, monkeypatch):
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a")])
+    (shard,) = list_shards(kinesis, unique_name)
+    fresh = Checkpoint(position=ExtendedSequenceNumber("0"), clear_until=datetime.now(timezone.utc) - timedelta(hours=1))
+    store = commit_checkpoints(kinesis, dynamodb, unique_name, {shard.shard_id: fresh})
+    op = operator(unique_name, tmp_path)
+    monkeypatch.setattr(type(op.kinesis_hook), "describe_stream_summary", lambda *a: pytest.fail("not needed"))
+    assert op._plan(store, 2, {}).trim_gaps == {}
+
+
+def test_a_checkpointed_shard_that_vanished_unfinished_is_data_loss(kinesis, dynamodb, unique_name, tmp_path):
+    create_stream(kinesis, unique_name, 1)
+    ghost = "shardId-000000000099"
+    store = commit_checkpoints(kinesis, dynamodb, unique_name, {ghost: Checkpoint.at("5")})
+    with pytest.raises(AirflowFailException, match=rf"shards {ghost} .* no longer listed.*allow_data_loss=True"):
+        operator(unique_name, tmp_path).execute({})
+    plan = operator(unique_name, tmp_path, allow_data_loss=True)._plan(store, 2, {})
+    assert plan.lost_shards == (ghost,) and ghost not in plan.checkpoints  # counted as SHARD_END, then retired
