@@ -9,7 +9,7 @@ NODE_DIR := .cache/node
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv lock demo test test-fast kinesalite java clean
+.PHONY: venv lock demo demo-resharding test test-fast kinesalite java clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -42,6 +42,10 @@ $(NODE_DIR)/node_modules/.bin/kinesalite:
 
 demo: venv
 	$(PY) -m demo.run_demo
+
+# Split and merge shards while producing and ingesting; checks exactly-once and parent-before-child order.
+demo-resharding: venv kinesalite
+	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m demo.run_resharding
 
 test: venv kinesalite
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q

@@ -192,7 +192,7 @@ def merge(kinesis: Any) -> dict[str, Any]:
 class Producer(threading.Thread):
     """Puts records until stopped; plain and KPL-aggregated rounds alternate."""
 
-    def __init__(self, kinesis: Any, *, per_round: int = 24, pause: float = 0.1, seed: int = 7) -> None:
+    def __init__(self, kinesis: Any, *, per_round: int = 20, pause: float = 0.2, seed: int = 7) -> None:
         super().__init__(name="producer", daemon=True)
         self.kinesis = kinesis
         self.per_round = per_round
