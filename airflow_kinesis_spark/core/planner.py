@@ -50,6 +50,8 @@ class BatchPlan:
         sensor compares against).
     :param trim_gaps: shard id -> description of records that may have aged out unread after the
         checkpoint, passed over with ``allow_data_loss=True``.
+    :param mode: ``incremental``, or ``window`` (then ``cutoff`` is the window's end).
+    :param window_start: in window mode, the window's start (UTC).
     """
 
     batch_id: int
@@ -65,6 +67,7 @@ class BatchPlan:
     lost_shards: tuple[str, ...] = ()
     open_shards: tuple[str, ...] = ()
     trim_gaps: Mapping[str, str] = field(default_factory=dict)
+    window_start: datetime | None = None
 
     @property
     def shard_ids(self) -> list[str]:
@@ -85,6 +88,7 @@ class BatchPlan:
             "lost_shards": list(self.lost_shards),
             "open_shards": list(self.open_shards),
             "trim_gaps": dict(self.trim_gaps),
+            "window_start": format_timestamp(self.window_start) if self.window_start else None,
         }
 
     @classmethod
@@ -103,6 +107,7 @@ class BatchPlan:
             lost_shards=tuple(data.get("lost_shards", ())),
             open_shards=tuple(data.get("open_shards", ())),
             trim_gaps=dict(data.get("trim_gaps", {})),
+            window_start=parse_timestamp(data["window_start"]) if data.get("window_start") else None,
         )
 
 

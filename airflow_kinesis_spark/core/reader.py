@@ -150,6 +150,7 @@ class ShardRange:
     :param ending_sequence_number: the shard's ``EndingSequenceNumber`` when it is closed.
     :param max_records: cap on user records (``None``: no cap).
     :param max_bytes: cap on Kinesis record data bytes (``None``: no cap).
+    :param slice_index: in window mode, which time slice of the shard this range is (0-based).
     """
 
     shard_id: str
@@ -159,10 +160,12 @@ class ShardRange:
     ending_sequence_number: str | None = None
     max_records: int | None = None
     max_bytes: int | None = None
+    slice_index: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "shard_id": self.shard_id,
+            "slice_index": self.slice_index,
             "start": self.start.to_dict(),
             "start_checkpoint": self.start_checkpoint.to_dict(),
             "cutoff": format_timestamp(self.cutoff),
@@ -181,6 +184,7 @@ class ShardRange:
             ending_sequence_number=data.get("ending_sequence_number"),
             max_records=data.get("max_records"),
             max_bytes=data.get("max_bytes"),
+            slice_index=int(data.get("slice_index", 0)),
         )
 
 
@@ -229,6 +233,7 @@ class ShardReport:
     expired_iterators: int = 0
     first_arrival: datetime | None = None
     last_arrival: datetime | None = None
+    slice_index: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -247,6 +252,7 @@ class ShardReport:
             "expired_iterators": self.expired_iterators,
             "first_arrival": format_timestamp(self.first_arrival) if self.first_arrival else None,
             "last_arrival": format_timestamp(self.last_arrival) if self.last_arrival else None,
+            "slice_index": self.slice_index,
         }
 
     @classmethod
@@ -451,6 +457,7 @@ class ShardReader:
             expired_iterators=p.expired,
             first_arrival=p.first_arrival,
             last_arrival=p.last_arrival,
+            slice_index=rng.slice_index,
         )
         return self.report
 

@@ -71,13 +71,16 @@ class Shard:
         return self.ending_sequence_number is None or value <= int(self.ending_sequence_number)
 
 
-def list_shards(client: Any, stream_name: str) -> list[Shard]:
+def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> list[Shard]:
     """List every shard of a stream (open and closed, within the retention period).
 
     Pages through ``ListShards`` (at most 1,000 shards a page, Kinesis API reference).
 
     :param client: a boto3 Kinesis client.
     :param stream_name: the stream's name.
+    :param shard_filter: ListShards' ``ShardFilter`` (e.g. ``{"Type": "FROM_TIMESTAMP", "Timestamp": t}``:
+        shards open at or after ``t``). The emulators ignore it, so callers must not rely on it
+        for correctness, only to save calls.
     :returns: shards in the order the service lists them.
     :raises StreamNotFoundError: when the stream does not exist; it names the stream, the region
         and the endpoint the client talked to.
@@ -86,7 +89,7 @@ def list_shards(client: Any, stream_name: str) -> list[Shard]:
     # The real API rejects StreamName next to NextToken; moto's server needs it again
     # (DESIGN.md, emulator quirks). Send the token alone and, if refused once, both from then on.
     resend_name = False
-    kwargs: dict[str, Any] = {"StreamName": stream_name}
+    kwargs: dict[str, Any] = {"StreamName": stream_name, **({"ShardFilter": dict(shard_filter)} if shard_filter else {})}
     try:
         while True:
             try:

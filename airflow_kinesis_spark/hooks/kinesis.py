@@ -43,12 +43,13 @@ class KinesisStreamHook(AwsBaseHook):
         kwargs["client_type"] = "kinesis"
         super().__init__(*args, **kwargs)
 
-    def list_shards(self, stream_name: str) -> list[Shard]:
+    def list_shards(self, stream_name: str, shard_filter: dict[str, Any] | None = None) -> list[Shard]:
         """Every shard of the stream, open and closed (paginated ``ListShards``).
 
+        :param shard_filter: optional ``ShardFilter`` (the emulators ignore it).
         :raises StreamNotFoundError: the stream does not exist; names stream, region, endpoint.
         """
-        return list_shards(self.conn, validate_stream_name(stream_name))
+        return list_shards(self.conn, validate_stream_name(stream_name), shard_filter)
 
     def describe_stream_summary(self, stream_name: str) -> dict[str, Any]:
         """``DescribeStreamSummary``: status, retention period (hours), open shard count."""

@@ -29,12 +29,13 @@ from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_ti
 from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition, probe_range
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, validate_table_name
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
+from airflow_kinesis_spark.core.window import derive_slices, plan_window, validate_window, window_label, window_summary
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportValidationError
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook, validate_stream_name
 from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
 
-__all__ = ["KinesisToSparkOperator", "spark_script_path"]
+__all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
 
 # Consumer (application) names: as KCL application names, 1-128 of a-z A-Z 0-9 _ - .
 _CONSUMER_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
@@ -159,6 +160,8 @@ class KinesisToSparkOperator(BaseOperator):
     )
     template_fields_renderers = {"spark_conf": "json"}
     ui_color = "#f4a460"
+    #: Whether runs read and advance the checkpoint store (window mode does not).
+    uses_checkpoints = True
 
     def __init__(
         self,
@@ -220,7 +223,8 @@ class KinesisToSparkOperator(BaseOperator):
         :raises ValueError: naming the argument, the problem and the fix.
         """
         validate_stream_name(self.stream_name)
-        validate_table_name(self.checkpoint_table)
+        if self.uses_checkpoints:
+            validate_table_name(self.checkpoint_table)
         if not isinstance(self.consumer_name, str) or not _CONSUMER_NAME.match(self.consumer_name):
             raise ValueError(
                 f"consumer_name {self.consumer_name!r} is not valid: use 1-128 characters of a-z, A-Z, 0-9, '_', '-', '.'"
@@ -516,3 +520,124 @@ class KinesisToSparkOperator(BaseOperator):
             "lost_shards": list(plan.lost_shards),
             "trim_gaps": dict(plan.trim_gaps),
         }
+
+
+class KinesisWindowToSparkOperator(KinesisToSparkOperator):
+    """Read a past time window ``[window_start, window_end)`` of a stream into Parquet (backfill).
+
+    Window mode of :class:`KinesisToSparkOperator`, with all of its machinery (Spark job, transform,
+    credentials, validation). Every shard that may have been open during the window is read,
+    closed ones included, from an ``AT_TIMESTAMP window_start`` iterator to the first record
+    arriving at or after ``window_end``. Output goes to ``{output_path}/window={label}`` (see
+    ``core.window.window_label``), overwritten on re-run: the same window gives the same rows, so
+    Airflow backfills and cleared task instances simply work. The incremental checkpoints are
+    never read or moved.
+
+    With few shards, each shard's window is cut into time slices read in parallel.
+
+    .. seealso:: docs/backfill.md
+
+    :param stream_name: the stream (templated).
+    :param output_path: root of the output (templated).
+    :param window_start: the window's start, inclusive (ISO 8601 or datetime, UTC). Default: the
+        run's ``data_interval_start`` (templated).
+    :param window_end: the window's end, exclusive. Default: the run's ``data_interval_end``
+        (templated). Must not be in the future.
+    :param time_slices: slices per shard (1..64); ``None`` derives them: one per ``slice_length``
+        of window, no more than needed to give ``parallelism`` Spark tasks work.
+    :param slice_length: the shortest slice worth a task when deriving (default 15 minutes).
+    :param parallelism: Spark tasks to keep busy when deriving; default ``spark.default.parallelism``
+        from ``spark_conf``, else the CPU count.
+    :param consumer_name: only names the Spark application (default ``window``).
+    :param allow_data_loss: read a window that starts before the trim horizon, reporting the gap;
+        without it such a window fails without retry.
+    :returns: (XCom) ``mode`` ``window``, ``status`` (``written`` or ``no_records``),
+        ``window_start``, ``window_end``, ``records``, ``bytes``, ``output_path``,
+        ``time_slices``, ``shards`` (per shard ``records``, ``bytes``, ``slices``), ``trim_gap``.
+    :raises AirflowFailException: the window starts before the trim horizon (without
+        ``allow_data_loss``).
+    :raises ValueError: ``window_start >= window_end``, an end in the future, or other bad arguments.
+
+    Other parameters are those of :class:`KinesisToSparkOperator` except the checkpoint-related
+    ones (``checkpoint_table``, ``initial_position``, ``initial_timestamp``, ``cutoff``, caps).
+    """
+
+    template_fields: Sequence[str] = (*KinesisToSparkOperator.template_fields, "window_start", "window_end")
+    uses_checkpoints = False
+
+    def __init__(
+        self,
+        *,
+        stream_name: str,
+        output_path: str,
+        window_start: str | datetime | None = "{{ data_interval_start }}",
+        window_end: str | datetime | None = "{{ data_interval_end }}",
+        time_slices: int | None = None,
+        slice_length: timedelta = timedelta(minutes=15),
+        parallelism: int | None = None,
+        consumer_name: str = "window",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(stream_name=stream_name, consumer_name=consumer_name, checkpoint_table="", output_path=output_path, **kwargs)
+        self.window_start = window_start
+        self.window_end = window_end
+        self.time_slices = time_slices
+        self.slice_length = slice_length
+        self.parallelism = parallelism
+
+    def _window(self) -> tuple[datetime, datetime]:
+        bounds = []
+        for name in ("window_start", "window_end"):
+            value = getattr(self, name)
+            if value in (None, "", "None"):
+                raise ValueError(
+                    f"{name} is not set and the run has no data interval: pass window_start and window_end "
+                    "(ISO 8601, UTC), or run the DAG on a schedule / as a backfill"
+                )
+            try:
+                bounds.append(parse_timestamp(value))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{name}: {err}") from err
+        if self.time_slices is not None and (isinstance(self.time_slices, bool) or not 1 <= int(self.time_slices) <= 64):
+            raise ValueError(f"time_slices must be 1..64 or None; got {self.time_slices!r}")
+        return bounds[0], bounds[1]
+
+    def _run_batch(self, context: Context) -> dict[str, Any]:
+        start, end = self._window()
+        now = datetime.now(timezone.utc)
+        validate_window(start, end, now=now)  # cheap checks before any call
+        retention = float(self.kinesis_hook.describe_stream_summary(self.stream_name)["RetentionPeriodHours"])
+        gap = validate_window(start, end, now=now, trim_horizon=now - timedelta(hours=retention), allow_data_loss=self.allow_data_loss)
+        if gap:
+            self.log.warning("Reading what exists of the window (allow_data_loss=True): %s", gap)
+        shards = self.kinesis_hook.list_shards(self.stream_name, {"Type": "FROM_TIMESTAMP", "Timestamp": start})
+        parallelism = self.parallelism or int((self.spark_conf or {}).get("spark.default.parallelism", os.cpu_count() or 2))
+        slices = self.time_slices or derive_slices(start, end, len(shards), slice_length=self.slice_length, parallelism=parallelism)
+        plan = plan_window(
+            stream_name=self.stream_name, consumer_name=self.consumer_name, shards=shards, start=start, end=end,
+            slices=int(slices), now=now, output_location=f"{self.output_path.rstrip('/')}/window={window_label(start, end)}",
+        )  # fmt: skip
+        self.log.info(
+            "Window [%s, %s): %d shards x %d time slices, output %s",
+            format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location,
+        )  # fmt: skip
+        probes = self._probe(plan)
+        reports = self._run_spark(plan) if any(r.records for r in probes) else probes
+        records = sum(r.records for r in reports)
+        if not records:
+            self.log.info("No records in the window: no Spark job, no files")
+        summary = {
+            "mode": "window",
+            "status": "written" if records else "no_records",
+            "stream_name": self.stream_name,
+            "window_start": format_timestamp(start),
+            "window_end": format_timestamp(end),
+            "records": records,
+            "bytes": sum(r.bytes for r in reports),
+            "output_path": plan.output_location if records else None,
+            "time_slices": int(slices),
+            "shards": window_summary(plan, reports),
+            "trim_gap": gap,
+        }
+        self.log.info("Window written: %d records from %d shards to %s", records, len(summary["shards"]), summary["output_path"])
+        return summary
