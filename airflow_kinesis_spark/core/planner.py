@@ -26,7 +26,15 @@ from airflow_kinesis_spark.exceptions import DataLossError, ReportValidationErro
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchPlan", "plan_incremental", "initial_checkpoint", "advance", "validate_report", "INITIAL_POSITIONS"]
+__all__ = [
+    "BatchPlan",
+    "plan_incremental",
+    "initial_checkpoint",
+    "advance",
+    "validate_report",
+    "rewind_checkpoints",
+    "INITIAL_POSITIONS",
+]
 
 INITIAL_POSITIONS = ("TRIM_HORIZON", "LATEST", "AT_TIMESTAMP")
 
@@ -195,11 +203,13 @@ def plan_incremental(
         checkpoint = known.get(shard.shard_id)
         if checkpoint is not None and checkpoint.is_shard_end:
             continue
+        # ORDER: a shard is read only after every parent reached SHARD_END, whether it has a
+        # checkpoint or not (a rewind gives children checkpoints before their parents finish).
+        if not lineage.parents_finished(shard, known):
+            waiting[shard.shard_id] = "waiting for parent shards " + ", ".join(shard.parents) + " to reach SHARD_END"
+            log.info("shard %s: not planned, %s", shard.shard_id, waiting[shard.shard_id])
+            continue
         if checkpoint is None:
-            if not lineage.parents_finished(shard, known):
-                waiting[shard.shard_id] = "waiting for parent shards " + ", ".join(shard.parents) + " to reach SHARD_END"
-                log.info("shard %s: not planned, %s", shard.shard_id, waiting[shard.shard_id])
-                continue
             if any(p in known for p in shard.parents):
                 checkpoint = Checkpoint(Sentinel.TRIM_HORIZON)
             else:
@@ -314,3 +324,33 @@ def _after(position: ExtendedSequenceNumber, checkpoint: ExtendedSequenceNumber)
     if checkpoint.sub_sequence_number is None:
         return int(position.sequence_number) > int(checkpoint.sequence_number)
     return position.key > checkpoint.key
+
+
+def rewind_checkpoints(shards: Iterable[Shard], to: str | datetime, *, now: datetime) -> dict[str, Checkpoint]:
+    """The checkpoints that make a consumer re-read (or skip) from a point in time.
+
+    * ``TRIM_HORIZON``: every listed shard from its oldest record kept.
+    * ``LATEST``: open shards from ``now`` (``AT_TIMESTAMP``); closed shards at ``SHARD_END``.
+    * a timestamp: every listed shard ``AT_TIMESTAMP`` it (a shard closed before it ends at once).
+
+    Children wait for their parents as always (ORDER), so a rewind never reorders a key.
+
+    :param to: ``TRIM_HORIZON``, ``LATEST``, or an aware/ISO 8601 timestamp (UTC), not in the future.
+    :raises ValueError: on anything else.
+    """
+    shard_list = list(shards)
+    if to == "TRIM_HORIZON":
+        return {s.shard_id: Checkpoint(Sentinel.TRIM_HORIZON) for s in shard_list}
+    now = to_utc(now)
+    if to == "LATEST":
+        return {
+            s.shard_id: Checkpoint(Sentinel.SHARD_END) if s.is_closed else Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=now)
+            for s in shard_list
+        }
+    try:
+        moment = parse_timestamp(to)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"rewind target {to!r} is not TRIM_HORIZON, LATEST or an ISO 8601 timestamp") from err
+    if moment > now:
+        raise ValueError(f"rewind target {format_timestamp(moment)} is in the future")
+    return {s.shard_id: Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=moment) for s in shard_list}

@@ -334,6 +334,42 @@ class DynamoDBCheckpointStore:
         log.info("batch %d committed: %d shard checkpoints", plan.batch_id, len(checkpoints))
         self._mirror_leases(plan, checkpoints)
 
+    def discard_pending(self, batch_id: int, owner: str) -> None:
+        """Drop pending batch ``batch_id`` (its plan is kept in the log, but never re-used).
+
+        Its output, if any was written, stays uncommitted and invisible.
+
+        :raises CheckpointConflictError: ``batch_id`` is no longer pending.
+        """
+        self._update_head(
+            "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner",
+            "pending_batch_id = :n",
+            {":n": {"N": str(batch_id)}},
+            action=f"discard pending batch {batch_id}",
+            owner=owner,
+        )
+        log.warning("pending batch %d discarded by %s", batch_id, owner)
+
+    def rewind(self, checkpoints: Mapping[str, Checkpoint], owner: str, *, now: datetime | None = None) -> int:
+        """Commit ``checkpoints`` as a batch that reads nothing (mode ``rewind``).
+
+        Shards not in ``checkpoints`` lose their checkpoint. Same fencing as any batch: it fails
+        if a batch is pending (see :meth:`discard_pending`) or another writer moves first.
+
+        :returns: the batch id of the rewind.
+        :raises CheckpointConflictError: a batch is pending, or another writer moved first.
+        """
+        head = self.head()
+        now = now or datetime.now(timezone.utc)
+        plan = BatchPlan(
+            batch_id=head.committed_batch_id + 1, stream_name=self.stream_name, consumer_name=self.consumer_name,
+            cutoff=now, created_at=now, ranges=(), checkpoints=self.committed_checkpoints(head), output_location="",
+            mode="rewind",
+        )  # fmt: skip
+        self.begin(plan, owner)
+        self.commit(plan, checkpoints, owner)
+        return plan.batch_id
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _key(self, sk: str) -> dict[str, Any]:
