@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -247,8 +248,6 @@ class Batches:
     def run(self, label: str) -> dict[str, Any]:
         from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 
-        if len(self.runs) >= MAX_RUNS:
-            raise RuntimeError(f"more than {MAX_RUNS} operator runs: the stream does not drain")
         operator = KinesisToSparkOperator(
             task_id=f"resharding_run_{len(self.runs) + 1}",
             stream_name=STREAM,
@@ -411,34 +410,45 @@ def main(argv: list[str] | None = None) -> int:
         producer = Producer(client("kinesis", kinesis_endpoint))
         batches = Batches(output)
         reshards: list[dict[str, Any]] = []
+        error: str | None = None
+        drained = False
         producer.start()
         try:
-            time.sleep(2.0)
-            batches.run("initial production")
+            try:
+                time.sleep(2.0)
+                batches.run("initial production")
 
-            op = split(kinesis, open_shards(kinesis)[0])
-            op["produced_before"] = len(producer.produced)
-            reshards.append(op)
-            say(f"split {op['parents'][0]} -> {', '.join(op['children'])} while producing ({op['produced_before']} records so far)")
-            batches.run("after the split")
-            batches.run("after the split")
+                op = split(kinesis, open_shards(kinesis)[0])
+                op["produced_before"] = len(producer.produced)
+                reshards.append(op)
+                say(f"split {op['parents'][0]} -> {', '.join(op['children'])} while producing ({op['produced_before']} records so far)")
+                batches.run("after the split")
+                batches.run("after the split")
 
-            op = merge(kinesis)
-            op["produced_before"] = len(producer.produced)
-            reshards.append(op)
-            say(f"merged {' + '.join(op['parents'])} -> {', '.join(op['children'])} while producing ({op['produced_before']} records so far)")
-            batches.run("after the merge")
-            time.sleep(1.0)
-        finally:
-            producer.stop()
-        # kinesalite stamps records of a shard created less than 1 s ago with the shard's creation
-        # time + 1 s (in the future); let every produced record's arrival time pass.
-        time.sleep(1.2)
-        say(f"producer stopped: {len(producer.produced)} user records in {producer.rounds} rounds")
-        while True:
-            summary = batches.run("draining")
-            if summary["status"] == "no_new_records" and not summary["waiting_shards"]:
-                break
+                op = merge(kinesis)
+                op["produced_before"] = len(producer.produced)
+                reshards.append(op)
+                say(f"merged {' + '.join(op['parents'])} -> {', '.join(op['children'])} while producing ({op['produced_before']} records so far)")
+                batches.run("after the merge")
+                time.sleep(1.0)
+            finally:
+                producer.stop()
+            # kinesalite stamps records put to a shard less than 1 s old with the shard's creation
+            # time + 1 s (in the future): let every produced record's arrival time pass.
+            time.sleep(1.2)
+            say(f"producer stopped: {len(producer.produced)} user records in {producer.rounds} rounds")
+            while len(batches.runs) < MAX_RUNS:
+                summary = batches.run("draining")
+                if summary["status"] == "no_new_records" and not summary["waiting_shards"]:
+                    drained = True
+                    break
+            else:
+                error = f"not drained after {MAX_RUNS} operator runs"
+        except Exception as err:  # noqa: BLE001 - reported in the verdict; the traceback goes to the log
+            traceback.print_exc()
+            error = f"{type(err).__name__}: {err}"
+        if error:
+            say(f"FAILED: {error} (details in {log_file})")
 
         from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
@@ -456,6 +466,12 @@ def main(argv: list[str] | None = None) -> int:
     for op in reshards:
         op["records_to_parents"] = sum(produced_by_shard[s] for s in op["parents"])
         op["records_to_children"] = sum(produced_by_shard[s] for s in op["children"])
+        # Continuous production: the last record put to a parent and the first put to a child
+        # are next to each other in the producer's log (a round or two apart).
+        in_parents = [i for i, p in enumerate(produced) if p.shard_id in op["parents"]]
+        in_children = [i for i, p in enumerate(produced) if p.shard_id in op["children"]]
+        op["last_record_to_parents"] = in_parents[-1] if in_parents else None
+        op["first_record_to_children"] = in_children[0] if in_children else None
     splits = sum(1 for op in reshards if op["op"] == "split" and op["records_to_parents"] and op["records_to_children"])
     merges = sum(1 for op in reshards if op["op"] == "merge" and op["records_to_parents"] and op["records_to_children"])
 
@@ -468,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     for op in reshards:
         say(
             f"{op['op']} {' + '.join(op['parents'])} -> {', '.join(op['children'])}: {op['records_to_parents']} records "
-            f"put to the parent(s), {op['records_to_children']} to the child(ren); {op['produced_before']} produced before it"
+            f"put to the parent(s), {op['records_to_children']} to the child(ren); producer log: last record to a "
+            f"parent #{op['last_record_to_parents']}, first to a child #{op['first_record_to_children']}"
         )  # fmt: skip
     say(f"committed batch id {head.committed_batch_id}; checkpoints: " + ", ".join(f"{k}={v}" for k, v in sorted(checkpoints.items())))
     say(
@@ -491,16 +508,17 @@ def main(argv: list[str] | None = None) -> int:
         "runs": len(batches.runs),
         "shards": len(final_shards),
         "open_shards": sum(1 for s in final_shards if "EndingSequenceNumber" not in s["SequenceNumberRange"]),
+        "resharding": [
+            {k: op[k] for k in ("op", "parents", "children", "records_to_parents", "records_to_children",
+                                "last_record_to_parents", "first_record_to_children")}
+            for op in reshards
+        ],  # fmt: skip
+        "drained": drained,
+        "error": error,
         "output_path": str(output),
         "seconds": round(time.monotonic() - started, 1),
     }
-    ok = (
-        verdict.ok
-        and across == 0
-        and within == 0
-        and splits >= 1
-        and merges >= 1
-    )
+    ok = verdict.ok and across == 0 and within == 0 and splits >= 1 and merges >= 1 and drained and not error
     print(json.dumps(result), flush=True)
     return 0 if ok else 1
 
