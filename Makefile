@@ -9,7 +9,7 @@ NODE_DIR := .cache/node
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv lock demo demo-resharding test test-fast kinesalite java clean
+.PHONY: venv lock demo demo-resharding demo-backfill test test-fast kinesalite java clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -44,6 +44,11 @@ demo: venv
 	$(PY) -m demo.run_demo
 
 # Split and merge shards while producing and ingesting; checks exactly-once and parent-before-child order.
+# Backfill by arrival time: consecutive windows, a re-run, and the union checked against an
+# incremental ingestion (real time: about 5 minutes).
+demo-backfill: venv
+	$(PY) -m demo.run_backfill
+
 demo-resharding: venv kinesalite
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m demo.run_resharding
 

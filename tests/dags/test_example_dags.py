@@ -16,7 +16,7 @@ DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
 
 
 def test_there_are_example_dags():
-    assert [p.name for p in DAG_FILES] == ["kinesis_microbatch.py", "kinesis_sensors.py"]
+    assert [p.name for p in DAG_FILES] == ["kinesis_backfill.py", "kinesis_microbatch.py", "kinesis_sensors.py"]
 
 
 @pytest.mark.parametrize("dag_file", DAG_FILES, ids=lambda p: p.name)
