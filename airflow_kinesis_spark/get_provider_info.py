@@ -24,7 +24,22 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "Amazon Kinesis Data Streams to Spark",
-                "python-modules": ["airflow_kinesis_spark.operators.kinesis_to_spark"],
+                "python-modules": [
+                    "airflow_kinesis_spark.operators.kinesis_to_spark",
+                    "airflow_kinesis_spark.operators.checkpoints",
+                ],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "Amazon Kinesis Data Streams to Spark",
+                "python-modules": ["airflow_kinesis_spark.sensors.kinesis"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Amazon Kinesis Data Streams to Spark",
+                "python-modules": ["airflow_kinesis_spark.triggers.kinesis"],
             }
         ],
         "hooks": [

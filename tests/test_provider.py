@@ -14,7 +14,7 @@ def test_provider_info_names_importable_modules():
 
     info = get_provider_info()
     assert info["package-name"] == "airflow-kinesis-spark"
-    for section in ("operators", "hooks"):
+    for section in ("operators", "hooks", "sensors", "triggers"):
         for entry in info[section]:
             for module in entry["python-modules"]:
                 importlib.import_module(module)

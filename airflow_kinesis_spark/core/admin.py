@@ -31,14 +31,15 @@ def rewind(
     :raises ValueError: ``to`` is not a valid target.
     """
     now = datetime.now(timezone.utc)
-    new = rewind_checkpoints(list_shards(kinesis_client, store.stream_name), to, now=now)
+    shards = list_shards(kinesis_client, store.stream_name)
+    new = rewind_checkpoints(shards, to, now=now)
     head = store.head()
     current = store.committed_checkpoints(head)
-    shards = {
+    changes = {
         shard_id: {"from": str(current[shard_id]) if shard_id in current else None, "to": str(new.get(shard_id)) if shard_id in new else None}
         for shard_id in sorted(set(new) | set(current))
     }
-    result: dict[str, Any] = {"to": str(to), "dry_run": dry_run, "batch_id": None, "discarded_batch_id": None, "shards": shards}
+    result: dict[str, Any] = {"to": str(to), "dry_run": dry_run, "batch_id": None, "discarded_batch_id": None, "shards": changes}
     if dry_run:
         return result
     if head.pending_batch_id is not None:
@@ -52,5 +53,5 @@ def rewind(
         store.discard_pending(head.pending_batch_id, owner)
         result["discarded_batch_id"] = head.pending_batch_id
     store.ensure_table()
-    result["batch_id"] = store.rewind(new, owner, now=now)
+    result["batch_id"] = store.rewind(new, owner, now=now, open_shards=[s.shard_id for s in shards if not s.is_closed])
     return result

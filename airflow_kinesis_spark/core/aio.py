@@ -89,7 +89,9 @@ async def _payload(client: Any, store: DynamoDBCheckpointStore, batch_id: int, k
         request = {**request, "ExclusiveStartKey": page["LastEvaluatedKey"]}
 
 
-async def committed_state(client: Any, store: DynamoDBCheckpointStore) -> tuple[Head, dict[str, Checkpoint], BatchPlan | None]:
+async def committed_state(
+    client: Any, store: DynamoDBCheckpointStore, *, with_plan: bool = True
+) -> tuple[Head, dict[str, Checkpoint], BatchPlan | None]:
     """The head, the committed checkpoints and the committed batch's plan.
 
     A table that does not exist yet reads as a consumer with no committed batch.
@@ -104,7 +106,7 @@ async def committed_state(client: Any, store: DynamoDBCheckpointStore) -> tuple[
         return head, {}, None
     data = await _payload(client, store, head.committed_batch_id, "CKPT", head.committed_owner) or {}
     plan = None
-    if head.committed_plan_owner:
+    if with_plan and head.committed_plan_owner:
         plan_data = await _payload(client, store, head.committed_batch_id, "PLAN", head.committed_plan_owner)
         plan = BatchPlan.from_dict(plan_data) if plan_data else None
     return head, {k: Checkpoint.from_dict(v) for k, v in data.items()}, plan
@@ -125,7 +127,7 @@ async def measure_lag(
     """Async ``lag.measure_lag``: probes every readable shard concurrently."""
     now = datetime.now(timezone.utc)
     shards = await list_shards(kinesis, store.stream_name)
-    _, checkpoints, _ = await committed_state(dynamodb, store)
+    _, checkpoints, _ = await committed_state(dynamodb, store, with_plan=False)
     plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position)
     probes = await asyncio.gather(*(probe_range(kinesis, store.stream_name, r) for r in plan.ranges))
     return lag_summary([shard_lag(r, p, now) for r, p in zip(plan.ranges, probes, strict=True)], plan, now)

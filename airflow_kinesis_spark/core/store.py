@@ -350,12 +350,15 @@ class DynamoDBCheckpointStore:
         )
         log.warning("pending batch %d discarded by %s", batch_id, owner)
 
-    def rewind(self, checkpoints: Mapping[str, Checkpoint], owner: str, *, now: datetime | None = None) -> int:
+    def rewind(
+        self, checkpoints: Mapping[str, Checkpoint], owner: str, *, now: datetime | None = None, open_shards: Iterable[str] = ()
+    ) -> int:
         """Commit ``checkpoints`` as a batch that reads nothing (mode ``rewind``).
 
         Shards not in ``checkpoints`` lose their checkpoint. Same fencing as any batch: it fails
         if a batch is pending (see :meth:`discard_pending`) or another writer moves first.
 
+        :param open_shards: the stream's open shards now (the resharding sensor's baseline).
         :returns: the batch id of the rewind.
         :raises CheckpointConflictError: a batch is pending, or another writer moved first.
         """
@@ -364,7 +367,7 @@ class DynamoDBCheckpointStore:
         plan = BatchPlan(
             batch_id=head.committed_batch_id + 1, stream_name=self.stream_name, consumer_name=self.consumer_name,
             cutoff=now, created_at=now, ranges=(), checkpoints=self.committed_checkpoints(head), output_location="",
-            mode="rewind",
+            mode="rewind", open_shards=tuple(sorted(open_shards)),
         )  # fmt: skip
         self.begin(plan, owner)
         self.commit(plan, checkpoints, owner)

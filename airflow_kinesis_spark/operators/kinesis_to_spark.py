@@ -42,6 +42,8 @@ _CONSUMER_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 SPARK_SCRIPT = "kinesis_batch.py"
 #: The shortest retention period a stream can have (24 hours, Kinesis developer guide).
 MIN_RETENTION = timedelta(hours=24)
+#: How often an idle consumer records that its shards were empty up to the cutoff.
+IDLE_REFRESH = timedelta(hours=1)
 
 
 def spark_script_path() -> str:
@@ -335,11 +337,16 @@ class KinesisToSparkOperator(BaseOperator):
                 raise DataLossError(
                     f"Checkpoints of consumer {self.consumer_name!r} fell behind the trim horizon of stream "
                     f"{self.stream_name!r}: {detail}. Records after them may have aged out unread. Nothing was "
-                    "read. To go on from the oldest records kept, re-run with allow_data_loss=True.",
+                    "read. To go on from the oldest records kept (TRIM_HORIZON), re-run with allow_data_loss=True.",
                     trim_gaps=gaps,
                 )
-            self.log.warning("Going on past possible data loss (allow_data_loss=True): %s", detail)
-            plan = replace(plan, trim_gaps=gaps)
+            self.log.warning("Going on from the oldest records kept (allow_data_loss=True): %s", detail)
+            from_horizon = Checkpoint(Sentinel.TRIM_HORIZON)
+            ranges = tuple(
+                replace(r, start=StartPosition.after(from_horizon), start_checkpoint=from_horizon) if r.shard_id in gaps else r
+                for r in plan.ranges
+            )
+            plan = replace(plan, ranges=ranges, trim_gaps=gaps)
         for rng in plan.ranges:
             self.log.info("Plan batch %d: shard %s from %s to cutoff %s", batch_id, rng.shard_id, rng.start, format_timestamp(rng.cutoff))
         return plan
@@ -403,12 +410,20 @@ class KinesisToSparkOperator(BaseOperator):
         checkpoints = validate_report(plan, probes)
         newly_ended = [k for k, v in checkpoints.items() if v.is_shard_end and not (plan.checkpoints.get(k) or v).is_shard_end]
         new_shards = sorted(set(checkpoints) - set(plan.checkpoints))
-        if not newly_ended and not new_shards:
+        # Record, at most hourly, that idle shards were seen empty up to the cutoff: otherwise a
+        # stream idle for longer than its retention period would look like lost data.
+        stale = [
+            r.shard_id for r in plan.ranges
+            if (r.start_checkpoint.clear_until or r.start_checkpoint.timestamp or plan.cutoff) < plan.cutoff - IDLE_REFRESH
+            or (r.start_checkpoint.position is not None and r.start_checkpoint.clear_until is None)
+        ]  # fmt: skip
+        if not newly_ended and not new_shards and not stale:
             self.log.info("No new records in %d shards before cutoff %s: no Spark job, no files, no batch", len(plan.ranges), format_timestamp(plan.cutoff))
             return self._summary(plan, probes, plan.checkpoints, "no_new_records", False)
         self.log.info(
-            "No new records; recording checkpoints without a Spark job (new shards: %s; shards ended: %s)",
-            new_shards, newly_ended,
+            "No new records; recording checkpoints without a Spark job (new shards: %s; shards ended: %s; "
+            "idle shards seen empty up to the cutoff: %s)",
+            new_shards, newly_ended, stale,
         )  # fmt: skip
         store.begin(plan, owner)
         store.commit(plan, checkpoints, owner)

@@ -28,8 +28,9 @@ __all__ = ["KinesisShardLagSensor", "KinesisReshardingSensor", "KinesisRetention
 class _ConsumerSensor(BaseSensorOperator):
     """Common part: one consumer of one stream, its checkpoint table, the AWS connection.
 
-    In deferrable mode the sensor checks once, then defers to its trigger, which polls every
-    ``poke_interval`` seconds with the async AWS client until done or ``timeout``.
+    In deferrable mode the sensor checks once (unless ``poke_before_deferring`` is false), then
+    defers to its trigger, which polls every ``poke_interval`` seconds with the async AWS client
+    until done or ``timeout``. A failed trigger fails the task (skips it with ``soft_fail``).
     """
 
     template_fields: Sequence[str] = ("stream_name", "consumer_name", "checkpoint_table", "aws_conn_id", "region_name")
@@ -78,18 +79,26 @@ class _ConsumerSensor(BaseSensorOperator):
     def trigger(self) -> Any:
         raise NotImplementedError
 
+    #: In deferrable mode, poke once in the worker before deferring (a sensor whose condition
+    #: often holds already saves a trip through the triggerer).
+    poke_before_deferring = True
+
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        result = self.poke(context)
-        if result.is_done:
-            return result.xcom_value
+        if self.poke_before_deferring:
+            result = self.poke(context)
+            if result.is_done:
+                return result.xcom_value
         self.log.info("Deferring: %s polls every %ss", type(self.trigger()).__name__, self.poke_interval)
         self.defer(trigger=self.trigger(), method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
         if not event or event.get("status") != "success":
-            raise RuntimeError(f"{type(self).__name__} trigger failed: {(event or {}).get('message', event)}")
+            message = f"{type(self).__name__} trigger failed: {(event or {}).get('message', event)}"
+            if self.soft_fail:
+                raise AirflowSkipException(message)
+            raise RuntimeError(message)
         return self.complete(event)
 
     def complete(self, event: dict[str, Any]) -> Any:
@@ -192,7 +201,8 @@ class KinesisRetentionGuardSensor(_ConsumerSensor):
 
     Succeeds at once when every shard's oldest unconsumed record is younger than the stream's
     retention period (``RetentionPeriodHours``) minus ``margin``; otherwise fails without retry
-    (or is skipped with ``soft_fail=True``), naming the shards and the time left.
+    (or is skipped with ``soft_fail=True``), naming the shards and the time left. It evaluates
+    once; in deferrable mode that evaluation runs in the triggerer.
 
     .. seealso:: docs/sensors.md
 
@@ -201,12 +211,16 @@ class KinesisRetentionGuardSensor(_ConsumerSensor):
     :raises AirflowFailException: a shard is at risk (``AirflowSkipException`` with ``soft_fail``).
     """
 
+    poke_before_deferring = False  # one evaluation: in deferrable mode it runs in the triggerer
+
     def __init__(self, *, margin: timedelta = timedelta(hours=1), initial_position: str = "TRIM_HORIZON", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.margin = margin
         self.initial_position = initial_position
 
     def poke(self, context: Context) -> PokeReturnValue:
+        if self.initial_position not in INITIAL_POSITIONS[:2]:
+            raise ValueError(f"initial_position must be TRIM_HORIZON or LATEST; got {self.initial_position!r}")
         retention = float(self.kinesis_hook.describe_stream_summary(self.stream_name)["RetentionPeriodHours"])
         lag = measure_lag(self.kinesis_hook.conn, self.store(), initial_position=self.initial_position)
         return PokeReturnValue(is_done=True, xcom_value=self.complete(

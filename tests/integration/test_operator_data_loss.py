@@ -80,3 +80,31 @@ def test_a_checkpointed_shard_that_vanished_unfinished_is_data_loss(kinesis, dyn
         operator(unique_name, tmp_path).execute({})
     plan = operator(unique_name, tmp_path, allow_data_loss=True)._plan(store, 2, {})
     assert plan.lost_shards == (ghost,) and ghost not in plan.checkpoints  # counted as SHARD_END, then retired
+
+
+def test_with_allow_data_loss_a_gapped_shard_restarts_at_the_oldest_record_kept(kinesis, dynamodb, unique_name, tmp_path):
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a")])
+    (shard,) = list_shards(kinesis, unique_name)
+    stale = Checkpoint(position=ExtendedSequenceNumber("0"), clear_until=datetime.now(timezone.utc) - timedelta(days=3))
+    store = commit_checkpoints(kinesis, dynamodb, unique_name, {shard.shard_id: stale})
+    (rng,) = operator(unique_name, tmp_path, allow_data_loss=True)._plan(store, 2, {}).ranges
+    assert rng.start.iterator_type == "TRIM_HORIZON" and str(rng.start_checkpoint) == "TRIM_HORIZON"
+
+
+def test_an_idle_consumer_records_hourly_that_its_shards_were_empty(kinesis, dynamodb, unique_name, tmp_path):
+    """Without it, a stream idle for longer than its retention would look like lost data."""
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a")])
+    (shard,) = list_shards(kinesis, unique_name)
+    it = kinesis.get_shard_iterator(StreamName=unique_name, ShardId=shard.shard_id, ShardIteratorType="TRIM_HORIZON")
+    (last,) = kinesis.get_records(ShardIterator=it["ShardIterator"])["Records"]
+    old = Checkpoint(position=ExtendedSequenceNumber(last["SequenceNumber"]), clear_until=datetime.now(timezone.utc) - timedelta(hours=2))
+    store = commit_checkpoints(kinesis, dynamodb, unique_name, {shard.shard_id: old})
+    first = operator(unique_name, tmp_path).execute({})
+    assert first["status"] == "committed_without_records" and first["batch_id"] == 2
+    refreshed = store.committed_checkpoints()[shard.shard_id]
+    assert refreshed == old and refreshed.clear_until > datetime.now(timezone.utc) - timedelta(minutes=1)
+    second = operator(unique_name, tmp_path).execute({})
+    assert second["status"] == "no_new_records" and store.head().committed_batch_id == 2
+    assert not (tmp_path / "out").exists()  # no Spark job, no files
