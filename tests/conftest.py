@@ -122,3 +122,20 @@ def kpl_vectors() -> list[dict]:
     for v in vectors:
         v["data"] = base64.b64decode(v["data_base64"])
     return vectors
+
+
+@pytest.fixture(scope="session")
+def spark_connect_endpoint() -> Iterator[tuple[str, int]]:
+    """A Spark Connect server (from the pyspark distribution) on a free port of 127.0.0.1."""
+    port = free_port()
+    spark_submit = str(Path(sys.executable).parent / "spark-submit")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    proc = subprocess.Popen(
+        [spark_submit, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]",
+         "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", f"spark.connect.grpc.binding.port={port}",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC", "spark-internal"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    _wait_for_port(port, proc, "Spark Connect server", timeout=120)
+    yield "127.0.0.1", port
+    _stop(proc)

@@ -1,0 +1,55 @@
+"""KinesisToSparkOperator over Spark Connect: the same exactly-once batches without a JVM start."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from demo.producer import put_aggregated, put_plain, verify
+from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.fixture
+def connections(monkeypatch, moto_endpoint, spark_connect_endpoint):
+    host, port = spark_connect_endpoint
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
+        "conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY,
+        "extra": {"region_name": REGION, "endpoint_url": moto_endpoint}}))  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": host, "port": port}))
+    monkeypatch.setattr(BatchSparkSubmitHook, "submit", lambda *a, **k: pytest.fail("spark-submit must not run"))
+
+
+def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name, tmp_path, capfd):
+    create_stream(kinesis, unique_name, 2)
+    produced = put_plain(kinesis, unique_name, [(f"10.1.1.{i % 9}", f"line {i}".encode()) for i in range(120)])
+    produced += put_aggregated(kinesis, unique_name, [(f"10.1.1.{i % 4}", f"agg {i}".encode()) for i in range(80)])
+    output = tmp_path / "out"
+
+    def run():
+        return KinesisToSparkOperator(
+            task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+            output_path=str(output), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+            transform="airflow_kinesis_spark.transforms.apache_log:parse_combined_log",
+        ).execute({})  # fmt: skip
+
+    first = run()
+    assert first["status"] == "committed" and first["records"] == 200
+    produced += put_plain(kinesis, unique_name, [("k", b"late")])
+    second = run()
+    assert second["batch_id"] == 2 and second["records"] == 1
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    rows = []
+    for batch_id in (1, 2):
+        t = pq.read_table(output / f"batch_id={batch_id}", columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data", "log_parsed"])
+        rows.extend(zip(*t.to_pydict().values(), strict=True))
+    assert verify(produced, [r[:5] for r in rows]).ok and store.head().committed_batch_id == 2
+    assert "log_parsed" in pq.read_schema(next((output / "batch_id=1").glob("*.parquet"))).names
+    captured = capfd.readouterr()
+    assert TEST_SECRET_KEY not in captured.out + captured.err
