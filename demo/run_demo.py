@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parsed = sum(1 for r in rows if r[6])
 
     say(f"committed batches: {head.committed_batch_id}; output directories: {[d.name for d in dirs]}")
-    say(f"checkpoints: " + ", ".join(f"{k}={v}" for k, v in sorted(checkpoints.items())))
+    say("checkpoints: " + ", ".join(f"{k}={v}" for k, v in sorted(checkpoints.items())))
     say(f"output schema matches the documented columns: {schema_ok}")
     say(f"user records produced {verdict.records_in}, in committed output {verdict.records_out} "
         f"(rows {verdict.rows}), duplicates {verdict.duplicates}, missing {verdict.missing}, "

@@ -46,7 +46,9 @@ OUTPUT_COLUMNS = (
     "stream_name string, shard_id string, sequence_number string, sub_sequence_number long, "
     "partition_key string, explicit_hash_key string, approximate_arrival_timestamp timestamp, data binary"
 )
-RAW_SCHEMA = OUTPUT_COLUMNS + ", _report string"
+RAW_SCHEMA = OUTPUT_COLUMNS + ", _quarantine_reason string, _report string"
+#: Quarantine output, under ``{output_location}/_quarantine`` (a ``_`` folder: Spark's readers skip it).
+QUARANTINE_DIR = "_quarantine"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,6 +104,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], limit: int, 
                 ("explicit_hash_key", pa.string()),
                 ("approximate_arrival_timestamp", pa.timestamp("us", tz="UTC")),
                 ("data", pa.binary()),
+                ("_quarantine_reason", pa.string()),
                 ("_report", pa.string()),
             ]
         )
@@ -123,6 +126,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], limit: int, 
                             pa.array([r.explicit_hash_key for r in page], pa.string()),
                             pa.array([r.approximate_arrival_timestamp for r in page], pa.timestamp("us", tz="UTC")),
                             pa.array([r.data for r in page], pa.binary()),
+                            pa.array([r.quarantine_reason for r in page], pa.string()),
                             pa.nulls(n, pa.string()),
                         ],
                         schema=schema,
@@ -159,19 +163,28 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
         reports = [json.loads(r[0]) for r in raw.where(F.col("_report").isNotNull()).select("_report").collect()]
         read_seconds = time.monotonic() - started
         records = sum(r["records"] for r in reports)
+        quarantined = sum(r.get("quarantined", 0) for r in reports)
         location = plan["output_location"]
+        rows = raw.where(F.col("_report").isNull()).drop("_report")
         if records > 0:
-            data = raw.where(F.col("_report").isNull()).drop("_report")
+            data = rows.where(F.col("_quarantine_reason").isNull()).drop("_quarantine_reason")
             if transform is not None:
                 data = transform(data)
             data.write.mode("overwrite").parquet(location)
         else:
             log.info("batch %s: no records in the planned ranges; nothing written", plan["batch_id"])
+        if quarantined > 0:  # after the data: overwriting the data location clears this folder
+            rows.where(F.col("_quarantine_reason").isNotNull()).select(
+                "stream_name", "shard_id", "sequence_number", "partition_key", "approximate_arrival_timestamp",
+                "data", F.col("_quarantine_reason").alias("reason"),
+            ).write.mode("overwrite").parquet(f"{location}/{QUARANTINE_DIR}")  # fmt: skip
+            log.warning("batch %s: %d corrupt Kinesis records quarantined", plan["batch_id"], quarantined)
     finally:
         raw.unpersist()
     return {
         "batch_id": plan["batch_id"],
         "output_location": location if records > 0 else None,
+        "quarantine_location": f"{location}/{QUARANTINE_DIR}" if quarantined > 0 else None,
         "records": records,
         "read_seconds": round(read_seconds, 3),
         "total_seconds": round(time.monotonic() - started, 3),

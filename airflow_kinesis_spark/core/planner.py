@@ -223,6 +223,8 @@ def plan_incremental(
                 ending_sequence_number=shard.ending_sequence_number,
                 max_records=max_records_per_shard,
                 max_bytes=max_bytes_per_shard,
+                starting_hash_key=shard.starting_hash_key,
+                ending_hash_key=shard.ending_hash_key,
             )
         )
     return BatchPlan(
@@ -302,8 +304,9 @@ def _range_problems(rng: ShardRange, report: ShardReport) -> list[str]:
     problems = []
     if report.records < 0 or report.bytes < 0:
         problems.append("negative counts")
-    if (report.records == 0) != (report.last is None) or (report.first is None) != (report.last is None):
-        problems.append(f"{report.records} records but first={report.first}, last={report.last}")
+    consumed = report.records + report.quarantined
+    if (consumed == 0) != (report.last is None) or (report.first is None) != (report.last is None):
+        problems.append(f"{report.records} records, {report.quarantined} quarantined, but first={report.first}, last={report.last}")
     if report.first is not None and report.last is not None:
         if report.last < report.first:
             problems.append(f"last {report.last} before first {report.first}")
@@ -314,7 +317,7 @@ def _range_problems(rng: ShardRange, report: ShardReport) -> list[str]:
             problems.append(f"last record {report.last} is past the shard's end {rng.ending_sequence_number}")
         # The cap is passed only by the first Kinesis record holding user records (an aggregate
         # is never cut), so all of them then share one sequence number.
-        single_aggregate = report.first.sequence_number == report.last.sequence_number
+        single_aggregate = report.first.sequence_number == report.last.sequence_number or report.kinesis_records <= 1
         if rng.max_records is not None and report.records > rng.max_records and not single_aggregate:
             problems.append(f"{report.records} records exceed the cap of {rng.max_records}")
     return problems

@@ -151,6 +151,9 @@ class ShardRange:
     :param max_records: cap on user records (``None``: no cap).
     :param max_bytes: cap on Kinesis record data bytes (``None``: no cap).
     :param slice_index: in window mode, which time slice of the shard this range is (0-based).
+    :param starting_hash_key: the shard's hash key range (decimal strings), to count aggregated
+        user records whose hash key falls outside it.
+    :param ending_hash_key: inclusive upper bound.
     """
 
     shard_id: str
@@ -161,11 +164,15 @@ class ShardRange:
     max_records: int | None = None
     max_bytes: int | None = None
     slice_index: int = 0
+    starting_hash_key: str | None = None
+    ending_hash_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "shard_id": self.shard_id,
             "slice_index": self.slice_index,
+            "starting_hash_key": self.starting_hash_key,
+            "ending_hash_key": self.ending_hash_key,
             "start": self.start.to_dict(),
             "start_checkpoint": self.start_checkpoint.to_dict(),
             "cutoff": format_timestamp(self.cutoff),
@@ -185,12 +192,18 @@ class ShardRange:
             max_records=data.get("max_records"),
             max_bytes=data.get("max_bytes"),
             slice_index=int(data.get("slice_index", 0)),
+            starting_hash_key=data.get("starting_hash_key"),
+            ending_hash_key=data.get("ending_hash_key"),
         )
 
 
 @dataclass(frozen=True)
 class UserRecord:
-    """One user record, in the output schema's order (``data`` is the user record's bytes)."""
+    """One user record, in the output schema's order (``data`` is the user record's bytes).
+
+    A corrupt KPL aggregate is carried as one record with ``quarantine_reason`` set: it goes to
+    the quarantine output, never to the data output.
+    """
 
     shard_id: str
     sequence_number: str
@@ -199,6 +212,8 @@ class UserRecord:
     explicit_hash_key: str | None
     approximate_arrival_timestamp: datetime
     data: bytes
+    #: Set for a Kinesis record that is quarantined (``data`` is then its raw bytes), else ``None``.
+    quarantine_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +231,11 @@ class ShardReport:
     :param millis_behind_latest: ``MillisBehindLatest`` of the last response (ms), if any.
     :param first_arrival: ``ApproximateArrivalTimestamp`` of the first user record read (UTC).
     :param last_arrival: of the last user record read (UTC).
+    :param quarantined: Kinesis records sent to quarantine (corrupt aggregates); ``last`` covers
+        them, so the checkpoint moves past them: they are kept in the quarantine output, not lost.
+    :param out_of_range: aggregated user records whose explicit hash key (or the MD5 of their
+        partition key) is outside the shard's hash key range; kept, as the KCL does not
+        (awslabs/amazon-kinesis-client #343).
     """
 
     shard_id: str
@@ -233,6 +253,8 @@ class ShardReport:
     expired_iterators: int = 0
     first_arrival: datetime | None = None
     last_arrival: datetime | None = None
+    quarantined: int = 0
+    out_of_range: int = 0
     slice_index: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -253,6 +275,8 @@ class ShardReport:
             "first_arrival": format_timestamp(self.first_arrival) if self.first_arrival else None,
             "last_arrival": format_timestamp(self.last_arrival) if self.last_arrival else None,
             "slice_index": self.slice_index,
+            "quarantined": self.quarantined,
+            "out_of_range": self.out_of_range,
         }
 
     @classmethod
@@ -315,6 +339,8 @@ class _Progress:
     expired: int = 0
     millis_behind_latest: int | None = None
     stop_reason: str | None = None
+    quarantined: int = 0
+    out_of_range: int = 0
     first_arrival: datetime | None = None
     last_arrival: datetime | None = None
 
@@ -458,6 +484,8 @@ class ShardReader:
             first_arrival=p.first_arrival,
             last_arrival=p.last_arrival,
             slice_index=rng.slice_index,
+            quarantined=p.quarantined,
+            out_of_range=p.out_of_range,
         )
         return self.report
 
@@ -526,17 +554,25 @@ class ShardReader:
         try:
             users = deaggregate(data, record["PartitionKey"])
         except CorruptAggregateError as err:
-            raise CorruptAggregateError(
-                f"shard {rng.shard_id}, sequence number {sequence_number}: {err}. The record is left "
-                "unread and no checkpoint moves.",
-                shard_id=rng.shard_id,
-                sequence_number=sequence_number,
-                reason=err.fields.get("reason"),
-            ) from err
+            reason = err.fields.get("reason", "corrupt")
+            log.warning("shard %s, sequence number %s: %s; quarantined", rng.shard_id, sequence_number, err)
+            page.append(UserRecord(rng.shard_id, sequence_number, None, record["PartitionKey"], None, arrival, data, reason))
+            p.quarantined += 1
+            p.kinesis_records += 1
+            p.kinesis_bytes += len(data)
+            p.last_kinesis_sequence = sequence_number
+            p.first = p.first or ExtendedSequenceNumber(sequence_number)
+            p.last = ExtendedSequenceNumber(sequence_number)
+            return False
         skip = rng.start.skip_through_sub_sequence_number
         if skip is not None and rng.start.sequence_number == sequence_number:
             users = [u for u in users if u[0] is not None and u[0] > skip]
         size = sum(len(u[3]) for u in users)
+        if rng.starting_hash_key is not None and users and users[0][0] is not None:
+            low, high = int(rng.starting_hash_key), int(rng.ending_hash_key or rng.starting_hash_key)
+            for _, key, hash_key, _ in users:
+                value = int(hash_key) if hash_key else int(hashlib.md5(key.encode()).hexdigest(), 16)  # noqa: S324
+                p.out_of_range += not low <= value <= high
         if p.records > 0:
             if rng.max_records is not None and p.records + len(users) > rng.max_records:
                 p.stop_reason = "max_records"

@@ -34,7 +34,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -260,6 +260,7 @@ class DynamoDBCheckpointStore:
              ":prev": {"N": str(plan.batch_id - 1)}},
             action=f"begin batch {plan.batch_id}",
             owner=owner,
+            applied=lambda h: h.pending_batch_id == plan.batch_id and h.pending_plan_owner == owner,
         )  # fmt: skip
         log.info("batch %d planned and persisted (%d shard ranges, owner %s)", plan.batch_id, len(plan.ranges), owner)
 
@@ -277,6 +278,7 @@ class DynamoDBCheckpointStore:
             {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()}},
             action=f"take over pending batch {batch_id}",
             owner=owner,
+            applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == owner,
         )
         log.info("took over pending batch %d from %s", batch_id, previous)
         return self.head()
@@ -293,6 +295,7 @@ class DynamoDBCheckpointStore:
             {":n": {"N": str(batch_id)}, ":o": {"S": owner}},
             action=f"record the report of batch {batch_id}",
             owner=owner,
+            applied=lambda h: h.pending_batch_id == batch_id and h.pending_report_owner == owner,
         )
 
     def commit(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint], owner: str) -> None:
@@ -313,24 +316,16 @@ class DynamoDBCheckpointStore:
             raise self._conflict(f"commit batch {plan.batch_id}", owner, head)
         # Chunks keyed by this owner: never the ones a committed head points at.
         self._write_chunks(plan.batch_id, "CKPT", owner, {k: v.to_dict() for k, v in checkpoints.items()})
-        try:
-            self._update_head(
-                "SET committed_batch_id = :n, committed_owner = :o, committed_plan_owner = :po, committed_at = :t "
-                "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner",
-                "committed_batch_id = :prev AND pending_batch_id = :n AND pending_owner = :o "
-                "AND pending_plan_owner = :po",
-                {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
-                 ":prev": {"N": str(plan.batch_id - 1)}, ":po": {"S": head.pending_plan_owner or ""}},
-                action=f"commit batch {plan.batch_id}",
-                owner=owner,
-            )  # fmt: skip
-        except CheckpointConflictError:
-            head = self.head()
-            if head.committed_batch_id == plan.batch_id and head.committed_owner == owner:
-                log.info("batch %d was already committed by this writer (earlier attempt)", plan.batch_id)
-                self._mirror_leases(plan, checkpoints)
-                return
-            raise
+        self._update_head(
+            "SET committed_batch_id = :n, committed_owner = :o, committed_plan_owner = :po, committed_at = :t "
+            "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner",
+            "committed_batch_id = :prev AND pending_batch_id = :n AND pending_owner = :o AND pending_plan_owner = :po",
+            {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
+             ":prev": {"N": str(plan.batch_id - 1)}, ":po": {"S": head.pending_plan_owner or ""}},
+            action=f"commit batch {plan.batch_id}",
+            owner=owner,
+            applied=lambda h: h.committed_batch_id == plan.batch_id and h.committed_owner == owner,
+        )  # fmt: skip
         log.info("batch %d committed: %d shard checkpoints", plan.batch_id, len(checkpoints))
         self._mirror_leases(plan, checkpoints)
 
@@ -378,7 +373,16 @@ class DynamoDBCheckpointStore:
     def _key(self, sk: str) -> dict[str, Any]:
         return {"pk": {"S": self.pk}, "sk": {"S": sk}}
 
-    def _update_head(self, update: str, condition: str, values: dict[str, Any], *, action: str, owner: str) -> None:
+    def _update_head(
+        self, update: str, condition: str, values: dict[str, Any], *, action: str, owner: str,
+        applied: Callable[[Head], bool] | None = None,
+    ) -> None:  # fmt: skip
+        """One conditional update of the head.
+
+        :param applied: tells from the head whether this very update already applied. The SDK
+            retries a request whose response was lost; a retry of an applied update fails its
+            condition, and that is success, not a conflict.
+        """
         try:
             self.client.update_item(
                 TableName=self.table_name,
@@ -388,7 +392,11 @@ class DynamoDBCheckpointStore:
                 ExpressionAttributeValues=values,
             )
         except self.client.exceptions.ConditionalCheckFailedException as err:
-            raise self._conflict(action, owner, self.head()) from err
+            head = self.head()
+            if applied is not None and applied(head):
+                log.info("%s: already applied (a retried request whose first response was lost)", action)
+                return
+            raise self._conflict(action, owner, head) from err
 
     def _conflict(self, action: str, owner: str, head: Head) -> CheckpointConflictError:
         """The error for a lost conditional write, naming the other writer and batch."""

@@ -134,6 +134,8 @@ def plan_window(
                     cutoff=b,
                     ending_sequence_number=shard.ending_sequence_number,
                     slice_index=index,
+                    starting_hash_key=shard.starting_hash_key,
+                    ending_hash_key=shard.ending_hash_key,
                 )
             )
     return BatchPlan(
@@ -154,8 +156,10 @@ def window_summary(plan: BatchPlan, reports: Iterable[Any]) -> dict[str, Any]:
     """Per shard totals of a window's slice reports (JSON-safe)."""
     shards: dict[str, dict[str, Any]] = {}
     for report in reports:
-        entry = shards.setdefault(report.shard_id, {"records": 0, "bytes": 0, "slices": 0})
+        entry = shards.setdefault(report.shard_id, {"records": 0, "bytes": 0, "slices": 0, "quarantined": 0, "out_of_range": 0})
         entry["records"] += report.records
         entry["bytes"] += report.bytes
         entry["slices"] += 1
+        entry["quarantined"] += report.quarantined
+        entry["out_of_range"] += report.out_of_range
     return shards

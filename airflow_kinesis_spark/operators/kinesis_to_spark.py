@@ -136,7 +136,10 @@ class KinesisToSparkOperator(BaseOperator):
         without retry and nothing is read (LOUD).
     :returns: (XCom) the batch summary: ``batch_id``, ``status`` (``committed``,
         ``committed_without_records`` or ``no_new_records``), ``stream_name``,
-        ``consumer_name``, ``records``, ``bytes``, ``output_path``, ``cutoff``, ``reused_plan``,
+        ``consumer_name``, ``records``, ``bytes``, ``output_path``, ``quarantined`` (corrupt
+        aggregates, kept raw under ``{output_path}/_quarantine`` = ``quarantine_path``),
+        ``out_of_range`` (aggregated user records outside their shard's hash key range, kept),
+        ``cutoff``, ``reused_plan``,
         ``shards`` (per shard: ``records``, ``bytes``, ``first``, ``last``, ``checkpoint``,
         ``stop_reason``, ``shard_end``), ``waiting_shards`` (shard id -> reason) and
         ``lost_shards`` and ``trim_gaps`` (what was passed over with ``allow_data_loss``).
@@ -296,7 +299,7 @@ class KinesisToSparkOperator(BaseOperator):
                 self.log.info("No shard to read: every shard is at SHARD_END or waiting for its parents (%s)", plan.waiting)
                 return self._summary(plan, [], plan.checkpoints, "no_new_records", reused)
             probes = self._probe(plan)
-            if not any(r.records for r in probes):
+            if not any(r.records or r.quarantined for r in probes):
                 return self._commit_without_records(store, plan, probes, owner)
             store.begin(plan, owner)
         if reports is None:
@@ -573,9 +576,12 @@ class KinesisToSparkOperator(BaseOperator):
                 "checkpoint": str(checkpoints[r.shard_id]) if r.shard_id in checkpoints else None,
                 "stop_reason": r.stop_reason,
                 "shard_end": r.shard_end,
+                "quarantined": r.quarantined,
+                "out_of_range": r.out_of_range,
             }
             for r in reports
         }
+        quarantined = sum(r.quarantined for r in reports) if status == "committed" else 0
         records = sum(r.records for r in reports) if status == "committed" else 0
         return {
             "batch_id": plan.batch_id if status != "no_new_records" else None,
@@ -585,6 +591,9 @@ class KinesisToSparkOperator(BaseOperator):
             "records": records,
             "bytes": sum(r.bytes for r in reports) if status == "committed" else 0,
             "output_path": plan.output_location if records else None,
+            "quarantined": quarantined,
+            "quarantine_path": f"{plan.output_location}/_quarantine" if quarantined else None,
+            "out_of_range": sum(r.out_of_range for r in reports) if status == "committed" else 0,
             "cutoff": format_timestamp(plan.cutoff),
             "reused_plan": reused,
             "shards": shards,
@@ -694,7 +703,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
             format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location,
         )  # fmt: skip
         probes = self._probe(plan)
-        reports = self._run_spark(plan) if any(r.records for r in probes) else probes
+        reports = self._run_spark(plan) if any(r.records or r.quarantined for r in probes) else probes
         records = sum(r.records for r in reports)
         if not records:
             self.log.info("No records in the window: no Spark job, no files")
@@ -707,6 +716,9 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
             "records": records,
             "bytes": sum(r.bytes for r in reports),
             "output_path": plan.output_location if records else None,
+            "quarantined": sum(r.quarantined for r in reports),
+            "quarantine_path": f"{plan.output_location}/_quarantine" if any(r.quarantined for r in reports) else None,
+            "out_of_range": sum(r.out_of_range for r in reports),
             "time_slices": int(slices),
             "shards": window_summary(plan, reports),
             "trim_gap": gap,

@@ -20,7 +20,6 @@ from airflow_kinesis_spark.core.reader import (
     StartPosition,
     UserRecord,
 )
-from airflow_kinesis_spark.exceptions import CorruptAggregateError
 
 SHARD = "shardId-000000000007"
 STREAM = "orders"
@@ -193,7 +192,11 @@ def assert_report_valid(rng: ShardRange, report: ShardReport, records: list[User
         assert report.first is None and report.last is None
     assert report.shard_end == (report.stop_reason == "shard_end")
     assert ShardReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
-    plan = BatchPlan(
+    validate_report(make_plan_for(rng), [report])
+
+
+def make_plan_for(rng: ShardRange) -> BatchPlan:
+    return BatchPlan(
         batch_id=1,
         stream_name=STREAM,
         consumer_name="c",
@@ -201,9 +204,8 @@ def assert_report_valid(rng: ShardRange, report: ShardReport, records: list[User
         created_at=rng.cutoff,
         ranges=(rng,),
         checkpoints={},
-        output_location="/tmp/out/batch=1",
+        output_location="memory://out/batch=1",
     )
-    validate_report(plan, [report])
 
 
 def keys(records: list[UserRecord]) -> list[tuple[str, int | None, bytes]]:
@@ -664,20 +666,32 @@ def test_aggregated_user_records_have_raw_bytes_and_sub_sequence_numbers(kpl_vec
     assert report.records == len(expected)
 
 
-def test_corrupt_aggregate_raises_with_shard_and_sequence_number():
+def test_corrupt_aggregate_is_quarantined_never_emitted_as_a_user_record():
     bad = aggregated(2, 3)
     blob = bytearray(bad["Data"])
     blob[8] ^= 0x01
     bad["Data"] = bytes(blob)
     client = FakeKinesis([plain(0), plain(1), bad, plain(3)])
     reader = ShardReader(client, STREAM, make_range(), min_call_interval=0, sleep=Sleeps())
-    with pytest.raises(CorruptAggregateError) as info:
-        reader.read_all()
-    err = info.value
-    assert err.shard_id == SHARD
-    assert err.sequence_number == seq(2)
-    assert err.reason == "md5_mismatch"
-    assert SHARD in str(err) and seq(2) in str(err)
+    records, report = reader.read_all()
+    users = [r for r in records if r.quarantine_reason is None]
+    (quarantined,) = [r for r in records if r.quarantine_reason is not None]
+    assert [r.sequence_number for r in users] == [seq(0), seq(1), seq(3)]
+    assert quarantined.sequence_number == seq(2) and quarantined.quarantine_reason == "md5_mismatch"
+    assert quarantined.data == bad["Data"] and quarantined.sub_sequence_number is None  # raw bytes kept
+    assert report.records == 3 and report.quarantined == 1 and report.kinesis_records == 4
+    assert report.last == ExtendedSequenceNumber(seq(3))
+
+
+def test_a_quarantined_last_record_moves_the_checkpoint_past_it():
+    bad = aggregated(1, 3)
+    bad["Data"] = bad["Data"][:-3] + b"xyz"  # MD5 no longer matches
+    client = FakeKinesis([plain(0), bad])
+    rng = make_range()
+    records, report = ShardReader(client, STREAM, rng, min_call_interval=0, sleep=Sleeps()).read_all()
+    assert report.records == 1 and report.quarantined == 1
+    checkpoint = validate_report(make_plan_for(rng), [report])[rng.shard_id]
+    assert checkpoint.position == ExtendedSequenceNumber(seq(1))  # the next batch starts after it
 
 
 # -- value objects -------------------------------------------------------------------------------------
