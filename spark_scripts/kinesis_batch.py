@@ -92,7 +92,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], limit: int, 
             "kinesis",
             endpoint_url=aws_env.get("AWS_ENDPOINT_URL_KINESIS") or aws_env.get("AWS_ENDPOINT_URL"),
             verify=aws_env.get("AWS_CA_BUNDLE") or None,
-            config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60),
+            config=Config(retries={"mode": "standard", "max_attempts": 10}, connect_timeout=10, read_timeout=60),
         )
         schema = pa.schema(
             [

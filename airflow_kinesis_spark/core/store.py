@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -120,6 +121,43 @@ def _now() -> str:
     return format_timestamp(datetime.now(timezone.utc))
 
 
+#: Transient DynamoDB errors the SDK does not retry by itself (DynamoDB developer guide, error handling).
+TRANSIENT_ERRORS = frozenset({"TransactionConflictException"})
+
+
+class _RetryingClient:
+    """The DynamoDB client, retrying :data:`TRANSIENT_ERRORS` with exponential backoff and full jitter.
+
+    Every other error (a failed condition above all) passes through at once.
+    """
+
+    def __init__(self, client: Any, attempts: int = 10, base: float = 0.05, cap: float = 2.0) -> None:
+        self._client, self._attempts, self._base, self._cap = client, attempts, base, cap
+        self.exceptions = client.exceptions
+        self.meta = client.meta
+
+    def get_paginator(self, name: str) -> Any:
+        return self._client.get_paginator(name)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+
+        def call(**kwargs: Any) -> Any:
+            for attempt in range(self._attempts):
+                try:
+                    return method(**kwargs)
+                except self._client.exceptions.ClientError as err:
+                    code = err.response.get("Error", {}).get("Code")
+                    if code not in TRANSIENT_ERRORS or attempt == self._attempts - 1:
+                        raise
+                    delay = random.uniform(0, min(self._cap, self._base * 2**attempt))
+                    log.info("DynamoDB %s: %s, retry %d in %.2fs", name, code, attempt + 1, delay)
+                    time.sleep(delay)
+            raise AssertionError("unreachable")
+
+        return call
+
+
 class DynamoDBCheckpointStore:
     """Checkpoints and the batch log of one (stream, consumer) in a DynamoDB table.
 
@@ -130,7 +168,7 @@ class DynamoDBCheckpointStore:
     """
 
     def __init__(self, client: Any, table_name: str, stream_name: str, consumer_name: str) -> None:
-        self.client = client
+        self.client = _RetryingClient(client) if client is not None else None
         self.table_name = validate_table_name(table_name)
         self.stream_name = stream_name
         self.consumer_name = consumer_name
