@@ -12,6 +12,7 @@ __all__ = [
     "KinesisSparkError",
     "StreamNotFoundError",
     "CheckpointConflictError",
+    "BatchLeaseHeldError",
     "DataLossError",
     "CorruptAggregateError",
     "ReportValidationError",
@@ -56,6 +57,10 @@ class StreamNotFoundError(KinesisSparkError):
 
 class CheckpointConflictError(KinesisSparkError):
     """A conditional write on the checkpoint store lost to another writer. Never retried blindly."""
+
+
+class BatchLeaseHeldError(KinesisSparkError):
+    """Another run holds the pending batch and its lease is alive. Retryable: wait for it."""
 
 
 class DataLossError(KinesisSparkError):

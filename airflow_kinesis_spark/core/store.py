@@ -43,7 +43,7 @@ from typing import Any
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
 from airflow_kinesis_spark.core.reader import ShardReport
-from airflow_kinesis_spark.exceptions import CheckpointConflictError
+from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ class Head:
     pending_owner: str | None = None
     pending_report_owner: str | None = None
     committed_plan_owner: str | None = None
+    #: Epoch milliseconds of the pending batch holder's last heartbeat (its lease).
+    pending_heartbeat: int | None = None
 
     @classmethod
     def from_item(cls, item: Mapping[str, Any] | None) -> Head:
@@ -100,6 +102,7 @@ class Head:
             pending_owner=text("pending_owner"),
             pending_report_owner=text("pending_report_owner"),
             committed_plan_owner=text("committed_plan_owner"),
+            pending_heartbeat=num("pending_heartbeat"),
         )
 
 
@@ -119,6 +122,10 @@ def join_chunks(items: list[Mapping[str, Any]], what: str) -> Any | None:
 
 def _now() -> str:
     return format_timestamp(datetime.now(timezone.utc))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 #: Transient DynamoDB errors the SDK does not retry by itself (DynamoDB developer guide, error handling).
@@ -291,35 +298,61 @@ class DynamoDBCheckpointStore:
         """
         self._write_chunks(plan.batch_id, "PLAN", owner, plan.to_dict())
         self._update_head(
-            "SET pending_batch_id = :n, pending_plan_owner = :o, pending_owner = :o, pending_since = :t "
-            "REMOVE pending_report_owner",
+            "SET pending_batch_id = :n, pending_plan_owner = :o, pending_owner = :o, pending_since = :t, "
+            "pending_heartbeat = :hb REMOVE pending_report_owner",
             "committed_batch_id = :prev AND attribute_not_exists(pending_batch_id)",
             {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
-             ":prev": {"N": str(plan.batch_id - 1)}},
+             ":prev": {"N": str(plan.batch_id - 1)}, ":hb": {"N": str(_now_ms())}},
             action=f"begin batch {plan.batch_id}",
             owner=owner,
             applied=lambda h: h.pending_batch_id == plan.batch_id and h.pending_plan_owner == owner,
         )  # fmt: skip
         log.info("batch %d planned and persisted (%d shard ranges, owner %s)", plan.batch_id, len(plan.ranges), owner)
 
-    def take_over(self, batch_id: int, owner: str) -> Head:
+    def take_over(self, batch_id: int, owner: str, lease_seconds: float = 120.0) -> Head:
         """Become the holder of pending batch ``batch_id`` (a retry re-using its plan).
 
-        The previous holder is fenced off: its report and commit are refused from now on.
+        Only once the holder's lease expired: no heartbeat for ``lease_seconds``. The previous
+        holder is fenced off: its heartbeat, report and commit are refused from now on.
 
+        :raises BatchLeaseHeldError: the holder's lease is alive (another run is at work).
         :raises CheckpointConflictError: ``batch_id`` is no longer pending.
         """
-        previous = self.head().pending_owner
+        head = self.head()
+        if head.pending_batch_id == batch_id and head.pending_owner != owner and head.pending_heartbeat is not None:
+            age = (_now_ms() - head.pending_heartbeat) / 1000
+            if age < lease_seconds:
+                raise BatchLeaseHeldError(
+                    f"batch {batch_id} of stream {self.stream_name!r}, consumer {self.consumer_name!r} is being run "
+                    f"by {head.pending_owner} (last heartbeat {age:.1f}s ago, lease {lease_seconds:g}s). Another run "
+                    "of this consumer is at work; retry after it ends or its lease expires.",
+                    batch_id=batch_id, holder=head.pending_owner, heartbeat_age_seconds=age,
+                )  # fmt: skip
         self._update_head(
-            "SET pending_owner = :o, pending_since = :t",
-            "pending_batch_id = :n",
-            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()}},
+            "SET pending_owner = :o, pending_since = :t, pending_heartbeat = :hb",
+            "pending_batch_id = :n AND (attribute_not_exists(pending_heartbeat) OR pending_heartbeat < :stale "
+            "OR pending_owner = :o)",
+            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()}, ":hb": {"N": str(_now_ms())},
+             ":stale": {"N": str(_now_ms() - int(lease_seconds * 1000))}},
             action=f"take over pending batch {batch_id}",
             owner=owner,
             applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == owner,
-        )
-        log.info("took over pending batch %d from %s", batch_id, previous)
+        )  # fmt: skip
+        log.info("took over pending batch %d from %s", batch_id, head.pending_owner)
         return self.head()
+
+    def heartbeat(self, batch_id: int, owner: str) -> None:
+        """Renew this writer's lease on pending batch ``batch_id``.
+
+        :raises CheckpointConflictError: another writer took the batch over (this one is fenced).
+        """
+        self._update_head(
+            "SET pending_heartbeat = :hb",
+            "pending_batch_id = :n AND pending_owner = :o",
+            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":hb": {"N": str(_now_ms())}},
+            action=f"renew the lease on batch {batch_id}",
+            owner=owner,
+        )
 
     def record_report(self, batch_id: int, owner: str, reports: Iterable[ShardReport]) -> None:
         """Record that batch ``batch_id``'s output is written, with the job's report.
@@ -356,7 +389,8 @@ class DynamoDBCheckpointStore:
         self._write_chunks(plan.batch_id, "CKPT", owner, {k: v.to_dict() for k, v in checkpoints.items()})
         self._update_head(
             "SET committed_batch_id = :n, committed_owner = :o, committed_plan_owner = :po, committed_at = :t "
-            "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner",
+            "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner, "
+            "pending_heartbeat",
             "committed_batch_id = :prev AND pending_batch_id = :n AND pending_owner = :o AND pending_plan_owner = :po",
             {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
              ":prev": {"N": str(plan.batch_id - 1)}, ":po": {"S": head.pending_plan_owner or ""}},
@@ -375,7 +409,8 @@ class DynamoDBCheckpointStore:
         :raises CheckpointConflictError: ``batch_id`` is no longer pending.
         """
         self._update_head(
-            "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner",
+            "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner, "
+            "pending_heartbeat",
             "pending_batch_id = :n",
             {":n": {"N": str(batch_id)}},
             action=f"discard pending batch {batch_id}",

@@ -8,9 +8,11 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import uuid
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -68,6 +70,19 @@ def _core_zip(directory: str) -> str:
         ]:
             zf.write(path, f"airflow_kinesis_spark/{path.relative_to(package)}")
     return str(target)
+
+
+def _die_with_parent() -> None:
+    """In the spark-submit child: get SIGKILL when this worker process dies (Linux PR_SET_PDEATHSIG).
+
+    A worker killed hard (OOM killer, ``kill -9``) would otherwise leave a local or client-mode
+    Spark job running, which could write the batch's output after a retry started writing it.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
 
 
 def _check_local_output(path: str) -> None:
@@ -130,6 +145,9 @@ class KinesisToSparkOperator(BaseOperator):
     :param get_records_limit: ``Limit`` of each GetRecords call, 1..10,000 (Kinesis API reference).
     :param min_call_interval: seconds between two GetRecords calls on one shard; 0.2 matches the
         service's 5 calls per second per shard.
+    :param lease_seconds: a run holding a pending batch renews its lease every third of this
+        (seconds); another run may take the batch over (re-using its plan) only after the lease
+        expired. Keep it below the task's ``retry_delay``.
     :param allow_data_loss: go on when records may be lost: a checkpointed shard vanished before
         ``SHARD_END``, or a checkpoint fell behind the trim horizon (records after it may have
         aged out). The gap is logged and reported in the summary; without this flag the run fails
@@ -191,9 +209,11 @@ class KinesisToSparkOperator(BaseOperator):
         get_records_limit: int = 10_000,
         min_call_interval: float = 0.2,
         allow_data_loss: bool = False,
+        lease_seconds: float = 120.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.lease_seconds = lease_seconds
         self.stream_name = stream_name
         self.consumer_name = consumer_name
         self.checkpoint_table = checkpoint_table
@@ -289,7 +309,7 @@ class KinesisToSparkOperator(BaseOperator):
                 "Re-using the pending plan of batch %d (planned %s, cutoff %s, %d shard ranges)",
                 plan.batch_id, format_timestamp(plan.created_at), format_timestamp(plan.cutoff), len(plan.ranges),
             )  # fmt: skip
-            head = store.take_over(plan.batch_id, owner)
+            head = store.take_over(plan.batch_id, owner, self.lease_seconds)
             reports = store.pending_report(head)
             if reports is not None:
                 self.log.info("Batch %d's output was already written; committing without re-running Spark", plan.batch_id)
@@ -303,7 +323,8 @@ class KinesisToSparkOperator(BaseOperator):
                 return self._commit_without_records(store, plan, probes, owner)
             store.begin(plan, owner)
         if reports is None:
-            reports = self._run_spark(plan)
+            with self._lease(store, plan.batch_id, owner):
+                reports = self._run_spark(plan)
             checkpoints = validate_report(plan, reports)
             store.record_report(plan.batch_id, owner, reports)
         else:
@@ -315,6 +336,42 @@ class KinesisToSparkOperator(BaseOperator):
             plan.batch_id, summary["records"], len(plan.ranges), plan.output_location,
         )  # fmt: skip
         return summary
+
+    @contextmanager
+    def _lease(self, store: DynamoDBCheckpointStore, batch_id: int, owner: str) -> Iterator[None]:
+        """Renew the lease on the pending batch while the Spark job runs.
+
+        If another writer took the batch over (this run stalled past its lease), the Spark job
+        is killed at once and the run fails: its output must not race the other writer's.
+        """
+        done = threading.Event()
+        fenced: list[CheckpointConflictError] = []
+
+        def renew() -> None:
+            while not done.wait(self.lease_seconds / 3):
+                try:
+                    store.heartbeat(batch_id, owner)
+                except CheckpointConflictError as err:
+                    fenced.append(err)
+                    self.log.error("Lost the lease on batch %d: %s. Killing the Spark job.", batch_id, err)
+                    self.on_kill()
+                    return
+                except Exception as err:  # noqa: BLE001 - a missed heartbeat is retried next time
+                    self.log.warning("Could not renew the lease on batch %d: %s", batch_id, err)
+
+        thread = threading.Thread(target=renew, name=f"lease-batch-{batch_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        except Exception:
+            if fenced:
+                raise fenced[0] from None
+            raise
+        finally:
+            done.set()
+            thread.join(timeout=10)
+        if fenced:
+            raise fenced[0]
 
     def _plan(self, store: DynamoDBCheckpointStore, batch_id: int, context: Context) -> BatchPlan:
         now = datetime.now(timezone.utc)
@@ -531,7 +588,7 @@ class KinesisToSparkOperator(BaseOperator):
             self._spark_hook = hook
             self.log.info("Submitting the Spark job of batch %d (%d shard ranges)", plan.batch_id, len(plan.ranges))
             try:
-                hook.submit(application=spark_script_path())
+                hook.submit(application=spark_script_path(), preexec_fn=_die_with_parent)
             except Exception as err:
                 raise RuntimeError(
                     f"The Spark job of batch {plan.batch_id} failed: {err}. No checkpoint moved; the plan stays "

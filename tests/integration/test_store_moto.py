@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 import uuid
@@ -191,7 +193,7 @@ def test_take_over_fences_the_old_owner(store):
     plan = plan_for(store, 1, open_shards(3))
     store.begin(plan, "run-a")
     new = other(store)
-    head = new.take_over(1, "run-b")
+    head = new.take_over(1, "run-b", lease_seconds=0)
     assert head.pending_owner == "run-b"
     assert head.pending_plan_owner == "run-a"
     assert new.pending_plan() == plan  # the retry re-uses the plan
@@ -222,7 +224,7 @@ def test_new_owner_can_commit_with_the_old_owners_report(store):
     checkpoints = checkpoints_after(plan, 5)
     store.record_report(1, "run-a", reports_for(plan, checkpoints))
     new = other(store)
-    new.take_over(1, "run-b")
+    new.take_over(1, "run-b", lease_seconds=0)
     # output was complete: commit without re-writing
     assert new.pending_report() == reports_for(plan, checkpoints)
     new.commit(plan, checkpoints, "run-b")
@@ -231,10 +233,10 @@ def test_new_owner_can_commit_with_the_old_owners_report(store):
 
 def test_take_over_of_a_batch_that_is_not_pending_conflicts(store):
     with pytest.raises(CheckpointConflictError):
-        store.take_over(1, "run-b")
+        store.take_over(1, "run-b", lease_seconds=0)
     run_batch(store, plan_for(store, 1, open_shards(1)), "run-a", 1)
     with pytest.raises(CheckpointConflictError):
-        store.take_over(1, "run-b")
+        store.take_over(1, "run-b", lease_seconds=0)
     assert store.head().committed_owner == "run-a"
 
 
@@ -407,7 +409,7 @@ def test_commit_of_150_shards_is_atomic(store):
     plan2 = plan_for(store, 2, shards, committed)
     assert len(plan2.ranges) == 150
     store.begin(plan2, "run-a")
-    other(store).take_over(2, "run-b")
+    other(store).take_over(2, "run-b", lease_seconds=0)
     batch2 = checkpoints_after(plan2, 5_000)
     with pytest.raises(CheckpointConflictError) as info:
         store.commit(plan2, batch2, "run-a")
@@ -430,7 +432,7 @@ def test_commit_of_150_shards_loses_to_a_concurrent_commit(store):
     plan2 = plan_for(store, 2, shards, batch1)
     store.begin(plan2, "run-a")
     rival = other(store)
-    rival.take_over(2, "run-b")
+    rival.take_over(2, "run-b", lease_seconds=0)
     theirs = checkpoints_after(plan2, 3_000)
     rival.commit(plan2, theirs, "run-b")
     ours = checkpoints_after(plan2, 9_000)
@@ -517,3 +519,20 @@ def test_kcl_style_lease_items_after_commit(store):
     assert leases[shard_id(0)]["batchId"] == {"N": "2"}
     assert leases[shard_id(2)]["checkpoint"] == {"S": "SHARD_END"}  # not planned, untouched
     assert leases[shard_id(2)]["batchId"] == {"N": "1"}
+
+
+def test_a_live_lease_blocks_take_over_and_an_expired_one_does_not(dynamodb, unique_name):
+    from airflow_kinesis_spark.exceptions import BatchLeaseHeldError
+
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    store.ensure_table()
+    plan = make_plan(1, open_shards(2))
+    store.begin(plan, "run-a")
+    with pytest.raises(BatchLeaseHeldError, match=r"being run by run-a \(last heartbeat .*s ago, lease 60s\)"):
+        store.take_over(1, "run-b", lease_seconds=60)
+    store.heartbeat(1, "run-a")
+    time.sleep(0.3)
+    store.take_over(1, "run-b", lease_seconds=0.2)  # run-a stopped renewing: its lease expired
+    with pytest.raises(CheckpointConflictError, match="renew the lease on batch 1"):
+        store.heartbeat(1, "run-a")  # fenced
+    store.heartbeat(1, "run-b")

@@ -53,6 +53,12 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.injected: Counter[str] = Counter()
         self.requests = 0
+        self.operations: Counter[str] = Counter()
+        #: ``(operation, body substring, "before" | "after")``: the first matching request is held
+        #: (never answered; "after": forwarded first, so it applied) and ``held`` is set.
+        self.hold: tuple[str, str, str] | None = None
+        self.held = threading.Event()
+        self._release = threading.Event()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -75,6 +81,7 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        self._release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -91,6 +98,20 @@ class FaultProxy:
         target = request.headers.get("X-Amz-Target", "")
         service, _, operation = target.partition(".")
         is_dynamodb = service.startswith("DynamoDB")
+        with self.lock:
+            self.operations[operation] += 1
+            hold = self.hold
+            if hold and operation == hold[0] and hold[1].encode() in body and not self.held.is_set():
+                self.hold = None
+            else:
+                hold = None
+        if hold is not None:
+            if hold[2] == "after":
+                self._forward(request, body)
+            self.held.set()
+            self._release.wait()
+            request.close_connection = True
+            return
         fault = self._draw(DYNAMODB_FAULTS if is_dynamodb else KINESIS_FAULTS) if target else None
         after = is_dynamodb and operation in DYNAMODB_WRITES and fault is not None and self._coin()
         if fault is not None and not after:

@@ -1,0 +1,121 @@
+"""Run operator processes, kill them at chosen points, and check the invariants afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from demo.producer import Produced, Verdict, verify
+from tests.conftest import ROOT
+from tests.reliability.conftest import aws_connection
+from tests.reliability.fault_proxy import FaultProxy
+
+SLOW_WRITE = ROOT / "tests" / "reliability" / "slow_write.py"
+
+
+@dataclass
+class Consumer:
+    """One consumer of a stream, run through ``run_batch`` processes via a FaultProxy."""
+
+    stream: str
+    name: str
+    table: str
+    output: Path
+    proxy: FaultProxy
+    dynamodb: object
+    log_dir: Path
+    history: list[tuple[int, dict]] = field(default_factory=list)  # (committed batch id, checkpoints) seen
+    runs: int = 0
+
+    @property
+    def store(self) -> DynamoDBCheckpointStore:
+        return DynamoDBCheckpointStore(self.dynamodb, self.table, self.stream, self.name)
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        self.runs += 1
+        env = {**os.environ, "AIRFLOW_CONN_AWS_DEFAULT": aws_connection(self.proxy.endpoint),
+               "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}  # fmt: skip
+        env.pop("AIRFLOW_CONN_SPARK_CONNECT_TEST", None)
+        log = open(self.log_dir / f"run{self.runs:03d}.log", "w")  # noqa: SIM115 - closed with the process
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.run_batch", self.stream, self.name, self.table, str(self.output), *extra],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def run(self, *extra: str, timeout: float = 300) -> dict:
+        proc = self.start(*extra)
+        assert proc.wait(timeout=timeout) == 0, self.last_log()[-4000:]
+        self.observe()
+        return json.loads(self.last_log().strip().splitlines()[-1])
+
+    def last_log(self) -> str:
+        return (self.log_dir / f"run{self.runs:03d}.log").read_text()
+
+    def observe(self) -> None:
+        """Record the committed state (for MONO)."""
+        head = self.store.head()
+        self.history.append((head.committed_batch_id, self.store.committed_checkpoints(head)))
+
+    def rows(self) -> list[tuple]:
+        rows = []
+        for batch_id in range(1, self.store.head().committed_batch_id + 1):
+            path = self.output / f"batch_id={batch_id}"
+            if path.exists():
+                t = pq.read_table(path, columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
+                rows.extend(zip(*t.to_pydict().values(), strict=True))
+        return rows
+
+    def check(self, produced: list[Produced]) -> Verdict:
+        """EXACT (verifier: nothing missing, nothing twice) and MONO (checkpoints never went back)."""
+        self.observe()
+        verdict = verify(produced, self.rows())
+        assert verdict.missing == 0 and verdict.duplicates == 0 and verdict.unexpected == 0, verdict
+        for (id_a, ck_a), (id_b, ck_b) in zip(self.history, self.history[1:], strict=False):
+            assert id_b >= id_a, f"committed batch went back from {id_a} to {id_b}"
+            for shard, before in ck_a.items():
+                after = ck_b.get(shard)
+                if before.position is not None and after is not None and after.position is not None:
+                    assert after.position >= before.position, f"{shard}: checkpoint went back {before} -> {after}"
+        return verdict
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """kill -9 the operator process and everything it started (spark-submit, the JVM, Python workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def kill_spark_driver(proc: subprocess.Popen) -> bool:
+    """kill -9 only the Spark driver JVM under the operator process."""
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "java" in child.name() and any("SparkSubmit" in part for part in child.cmdline()):
+                child.kill()
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
+
+
+def wait_until(predicate, timeout: float, proc: subprocess.Popen | None = None, step: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return predicate()
+        time.sleep(step)
+    return False

@@ -1,0 +1,110 @@
+"""Crash points: kill -9 the operator's process (and the Spark job it started), or only the Spark
+driver, at each step of a batch; a re-run must leave every record committed exactly once.
+
+Kills land exactly: the proxy in front of moto holds the request of the step (or lets it apply
+and holds its answer: the ambiguous commit), or the harness watches the step's visible effect.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from demo.producer import put_aggregated, put_plain
+from tests.conftest import create_stream
+from tests.reliability.fault_proxy import FaultProxy
+from tests.reliability.harness import SLOW_WRITE, Consumer, kill_group, kill_spark_driver, wait_until
+
+pytestmark = [pytest.mark.reliability, pytest.mark.spark, pytest.mark.slow]
+
+LEASE = 2.0
+
+
+@pytest.fixture
+def setup(moto_endpoint, kinesis, dynamodb, unique_name, tmp_path):
+    create_stream(kinesis, unique_name, 2)
+    produced = put_plain(kinesis, unique_name, [(f"10.2.{i % 9}.1", f"plain {i}".encode()) for i in range(200)])
+    produced += put_aggregated(kinesis, unique_name, [(f"10.2.{i % 4}.2", f"agg {i}".encode()) for i in range(200)])
+    proxy = FaultProxy(moto_endpoint).start()
+    (tmp_path / "logs").mkdir()
+    consumer = Consumer(unique_name, "lake", f"{unique_name}_t", tmp_path / "out", proxy, dynamodb, tmp_path / "logs")
+    yield consumer, produced
+    proxy.stop()
+
+
+def reading(consumer: Consumer):
+    """A predicate: the Spark job has made a few GetRecords calls since the plan was persisted."""
+    state = {}
+
+    def check() -> bool:
+        if "base" not in state:
+            if consumer.store.head().pending_batch_id is None:
+                return False
+            state["base"] = consumer.proxy.operations["GetRecords"]
+        return consumer.proxy.operations["GetRecords"] >= state["base"] + 3
+
+    return check
+
+
+POINTS = [
+    "after_plan_persisted",
+    "mid_read",
+    "spark_driver_mid_read",
+    "mid_write",
+    "after_write_before_report",
+    "after_report_before_commit",
+    "commit_ambiguous",
+]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_kill_at(point, setup):
+    consumer, produced = setup
+    proxy = consumer.proxy
+    extra: tuple[str, ...] = ()
+    if point == "mid_write":
+        extra = ("--transform", "slow_write:slow", "--py-files", str(SLOW_WRITE))
+    holds = {
+        "after_write_before_report": ("PutItem", "#REPORT#", "before"),
+        "after_report_before_commit": ("PutItem", "#CKPT#", "before"),
+        "commit_ambiguous": ("UpdateItem", "SET committed_batch_id", "after"),
+    }
+    proxy.hold = holds.get(point)
+    proc = consumer.start(*extra)
+    if point == "after_plan_persisted":
+        reached = wait_until(lambda: consumer.store.head().pending_batch_id == 1, 120, proc)
+    elif point in ("mid_read", "spark_driver_mid_read"):
+        reached = wait_until(reading(consumer), 180, proc)
+    elif point == "mid_write":
+        reached = wait_until(lambda: (consumer.output / "batch_id=1" / "_temporary").exists(), 180, proc)
+    else:
+        reached = proxy.held.wait(180)
+    assert reached, f"{point} never reached:\n{consumer.last_log()[-3000:]}"
+    if point == "spark_driver_mid_read":
+        assert kill_spark_driver(proc), "no Spark driver JVM found"
+        assert proc.wait(timeout=120) == 1  # the operator fails; nothing committed
+        assert "The Spark job of batch 1 failed" in consumer.last_log()
+    else:
+        kill_group(proc)
+    proxy.hold = None
+
+    head = consumer.store.head()
+    consumer.observe()
+    if point == "commit_ambiguous":
+        assert head.committed_batch_id == 1 and head.pending_batch_id is None  # the commit applied
+    else:
+        assert head.committed_batch_id == 0 and head.pending_batch_id == 1  # ATOM: nothing committed
+        assert consumer.rows() == []
+
+    time.sleep(LEASE + 0.2)  # the killed run's lease expires
+    summary = consumer.run()
+    if point == "commit_ambiguous":
+        assert summary["status"] == "no_new_records"
+    else:
+        assert summary["reused_plan"] is True and summary["batch_id"] == 1
+        if point == "after_report_before_commit":  # the output was written and recorded: no second job
+            assert "committing without re-running Spark" in consumer.last_log()
+            assert "Submitting the Spark job" not in consumer.last_log()
+    verdict = consumer.check(produced)
+    assert verdict.records_out == len(produced) == 400
