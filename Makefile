@@ -9,7 +9,7 @@ NODE_DIR := .cache/node
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv lock demo demo-resharding demo-backfill test test-fast kinesalite java clean
+.PHONY: venv lock demo demo-resharding demo-backfill test test-fast test-reliability kinesalite java clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -54,6 +54,10 @@ demo-resharding: venv kinesalite
 
 test: venv kinesalite
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q
+
+# The reliability suite alone (crash points, 50 seeded random kills, faults, concurrency, bad input).
+test-reliability: venv kinesalite
+	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q -m reliability
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"

@@ -119,3 +119,17 @@ def wait_until(predicate, timeout: float, proc: subprocess.Popen | None = None, 
             return predicate()
         time.sleep(step)
     return False
+
+
+def reading(consumer: Consumer, calls: int = 3):
+    """A predicate: the batch's Spark job made ``calls`` GetRecords calls since its plan was persisted."""
+    state: dict[str, int] = {}
+
+    def check() -> bool:
+        if "base" not in state:
+            if consumer.store.head().pending_batch_id is None:
+                return False
+            state["base"] = consumer.proxy.operations["GetRecords"]
+        return consumer.proxy.operations["GetRecords"] >= state["base"] + calls
+
+    return check

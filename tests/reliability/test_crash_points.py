@@ -14,7 +14,7 @@ import pytest
 from demo.producer import put_aggregated, put_plain
 from tests.conftest import create_stream
 from tests.reliability.fault_proxy import FaultProxy
-from tests.reliability.harness import SLOW_WRITE, Consumer, kill_group, kill_spark_driver, wait_until
+from tests.reliability.harness import SLOW_WRITE, Consumer, kill_group, kill_spark_driver, reading, wait_until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.spark, pytest.mark.slow]
 
@@ -31,20 +31,6 @@ def setup(moto_endpoint, kinesis, dynamodb, unique_name, tmp_path):
     consumer = Consumer(unique_name, "lake", f"{unique_name}_t", tmp_path / "out", proxy, dynamodb, tmp_path / "logs")
     yield consumer, produced
     proxy.stop()
-
-
-def reading(consumer: Consumer):
-    """A predicate: the Spark job has made a few GetRecords calls since the plan was persisted."""
-    state = {}
-
-    def check() -> bool:
-        if "base" not in state:
-            if consumer.store.head().pending_batch_id is None:
-                return False
-            state["base"] = consumer.proxy.operations["GetRecords"]
-        return consumer.proxy.operations["GetRecords"] >= state["base"] + 3
-
-    return check
 
 
 POINTS = [
