@@ -59,6 +59,8 @@ class FaultProxy:
         self.hold: tuple[str, str, str] | None = None
         self.held = threading.Event()
         self._release = threading.Event()
+        #: Answer every n-th GetRecords with ExpiredIteratorException (as after 5 idle minutes).
+        self.expire_every: int | None = None
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -105,6 +107,10 @@ class FaultProxy:
                 self.hold = None
             else:
                 hold = None
+        if operation == "GetRecords" and self.expire_every and self.operations["GetRecords"] % self.expire_every == 0:
+            self.injected["ExpiredIteratorException"] += 1
+            self._answer_error(request, 400, "ExpiredIteratorException", "Iterator expired", False)
+            return
         if hold is not None:
             if hold[2] == "after":
                 self._forward(request, body)
