@@ -60,7 +60,19 @@ def _age(ms: int | None) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Report known errors as one clear line (exit status 1), not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from airflow_kinesis_spark.exceptions import KinesisSparkError
+
+        try:
+            return super().invoke(ctx)
+        except (ValueError, KinesisSparkError) as err:
+            raise click.ClickException(f"{type(err).__name__}: {err}") from err
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--endpoint-url", default=None, help="Endpoint for Kinesis and DynamoDB (e.g. a local emulator).")
 @click.option("--region", default=None, help="AWS region (default: the AWS configuration's).")
 @click.option("--profile", default=None, help="AWS profile (default: the default chain).")
@@ -154,7 +166,7 @@ def rewind(ctx: click.Context, stream: str, consumer: str, table: str, to: str, 
         click.confirm("Set these checkpoints?", abort=True)
     result = do_rewind(kinesis, store, to, discard_pending=discard_pending, owner=f"cli.{uuid.uuid4().hex[:8]}")
     if result["discarded_batch_id"]:
-        console.print(f"Discarded pending batch {result['discarded_batch_id']}.")
+        console.print(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output'] or 'no output'}).")
     console.print(f"Rewound as batch {result['batch_id']}.")
 
 

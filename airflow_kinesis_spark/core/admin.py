@@ -25,7 +25,10 @@ def rewind(
     :param discard_pending: drop a pending (planned, uncommitted) batch first; without it a
         pending batch makes the rewind fail, since its retry would re-use the old plan.
     :returns: ``to``, ``dry_run``, ``batch_id`` (of the rewind, ``None`` for a dry run),
-        ``discarded_batch_id`` and ``shards`` (shard id -> ``from``, ``to``).
+        ``discarded_batch_id``, ``discarded_output`` and ``shards`` (shard id -> ``from``, ``to``).
+        The rewind commits under the discarded batch's id, so whatever that batch wrote would
+        count as committed: a local output directory is deleted (``discarded_output`` says
+        ``deleted ...``); a remote one is named for the caller to delete (``delete ...``).
     :raises CheckpointConflictError: a batch is pending (without ``discard_pending``), or another
         writer moved first.
     :raises ValueError: ``to`` is not a valid target.
@@ -39,7 +42,8 @@ def rewind(
         shard_id: {"from": str(current[shard_id]) if shard_id in current else None, "to": str(new.get(shard_id)) if shard_id in new else None}
         for shard_id in sorted(set(new) | set(current))
     }
-    result: dict[str, Any] = {"to": str(to), "dry_run": dry_run, "batch_id": None, "discarded_batch_id": None, "shards": changes}
+    result: dict[str, Any] = {"to": str(to), "dry_run": dry_run, "batch_id": None, "discarded_batch_id": None,
+                              "discarded_output": None, "shards": changes}  # fmt: skip
     if dry_run:
         return result
     if head.pending_batch_id is not None:
@@ -50,8 +54,28 @@ def rewind(
                 "with discard_pending=True.",
                 pending_batch_id=head.pending_batch_id,
             )
+        discarded = store.pending_plan(head)
         store.discard_pending(head.pending_batch_id, owner)
         result["discarded_batch_id"] = head.pending_batch_id
+        result["discarded_output"] = _remove_output(discarded.output_location if discarded else None)
     store.ensure_table()
     result["batch_id"] = store.rewind(new, owner, now=now, open_shards=[s.shard_id for s in shards if not s.is_closed])
     return result
+
+
+def _remove_output(location: str | None) -> str | None:
+    """Delete a discarded batch's local output; name a remote one. ``None`` when there is none."""
+    import shutil
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    if not location:
+        return None
+    parsed = urlparse(location)
+    if parsed.scheme in ("", "file"):
+        path = Path(parsed.path if parsed.scheme else location)
+        if not path.exists():
+            return None
+        shutil.rmtree(path)
+        return f"deleted {location}"
+    return f"delete {location}: the discarded batch may have written there"

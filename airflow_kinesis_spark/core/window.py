@@ -25,7 +25,16 @@ from airflow_kinesis_spark.core.reader import ShardRange, StartPosition
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
 from airflow_kinesis_spark.exceptions import DataLossError
 
-__all__ = ["validate_window", "slice_bounds", "derive_slices", "plan_window", "window_label", "MAX_SLICES"]
+__all__ = [
+    "validate_window",
+    "slice_bounds",
+    "derive_slices",
+    "plan_window",
+    "validate_window_report",
+    "window_label",
+    "window_summary",
+    "MAX_SLICES",
+]
 
 #: Slices per shard at most; more only adds GetShardIterator calls (5 per second per shard).
 MAX_SLICES = 64
@@ -163,3 +172,24 @@ def window_summary(plan: BatchPlan, reports: Iterable[Any]) -> dict[str, Any]:
         entry["quarantined"] += report.quarantined
         entry["out_of_range"] += report.out_of_range
     return shards
+
+
+def validate_window_report(plan: BatchPlan, reports: Iterable[Any]) -> None:
+    """Check that every planned (shard, slice) was read exactly once and none other.
+
+    :raises ReportValidationError: naming the missing, repeated or unplanned ranges.
+    """
+    from collections import Counter
+
+    from airflow_kinesis_spark.exceptions import ReportValidationError
+
+    planned = Counter((r.shard_id, r.slice_index) for r in plan.ranges)
+    seen = Counter((r.shard_id, r.slice_index) for r in reports)
+    if seen != planned:
+        missing = sorted(set(planned) - set(seen))
+        extra = sorted(set(seen) - set(planned))
+        twice = sorted(k for k, n in seen.items() if n > 1)
+        raise ReportValidationError(
+            f"window [{format_timestamp(plan.window_start or plan.cutoff)}, {format_timestamp(plan.cutoff)}): the Spark "
+            f"job's report does not match the plan (missing {missing}, unplanned {extra}, repeated {twice})"
+        )

@@ -31,7 +31,14 @@ from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_ti
 from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition, probe_range
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, validate_table_name
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
-from airflow_kinesis_spark.core.window import derive_slices, plan_window, validate_window, window_label, window_summary
+from airflow_kinesis_spark.core.window import (
+    derive_slices,
+    plan_window,
+    validate_window,
+    validate_window_report,
+    window_label,
+    window_summary,
+)
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportValidationError
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook, validate_stream_name
@@ -567,8 +574,7 @@ class KinesisToSparkOperator(BaseOperator):
                                  self.get_records_limit, self.min_call_interval)  # fmt: skip
         except Exception as err:
             raise RuntimeError(
-                f"The Spark job of batch {plan.batch_id} failed over Spark Connect: {err}. No checkpoint moved; the "
-                "plan stays pending and the next attempt re-uses it."
+                f"The Spark job of {self._what(plan)} failed over Spark Connect: {err}. {self._after_failure()}"
             ) from err
         finally:
             spark.stop()
@@ -590,10 +596,7 @@ class KinesisToSparkOperator(BaseOperator):
             try:
                 hook.submit(application=spark_script_path(), preexec_fn=_die_with_parent)
             except Exception as err:
-                raise RuntimeError(
-                    f"The Spark job of batch {plan.batch_id} failed: {err}. No checkpoint moved; the plan stays "
-                    "pending and the next attempt re-uses it."
-                ) from err
+                raise RuntimeError(f"The Spark job of {self._what(plan)} failed: {err}. {self._after_failure()}") from err
             finally:
                 self._spark_hook = None
             if not os.path.exists(report_file):
@@ -605,6 +608,17 @@ class KinesisToSparkOperator(BaseOperator):
             plan.batch_id, result["records"], result["read_seconds"], result["total_seconds"],
         )  # fmt: skip
         return [ShardReport.from_dict(r) for r in result["reports"]]
+
+    @staticmethod
+    def _what(plan: BatchPlan) -> str:
+        if plan.mode == "window":
+            return f"window [{format_timestamp(plan.window_start)}, {format_timestamp(plan.cutoff)})"  # type: ignore[arg-type]
+        return f"batch {plan.batch_id}"
+
+    def _after_failure(self) -> str:
+        if self.uses_checkpoints:
+            return "No checkpoint moved; the plan stays pending and the next attempt re-uses it."
+        return "A re-run reads the same window and overwrites its output."
 
     def on_kill(self) -> None:
         if self._spark_hook is not None:
@@ -690,14 +704,16 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
     :param allow_data_loss: read a window that starts before the trim horizon, reporting the gap;
         without it such a window fails without retry.
     :returns: (XCom) ``mode`` ``window``, ``status`` (``written`` or ``no_records``),
-        ``window_start``, ``window_end``, ``records``, ``bytes``, ``output_path``,
-        ``time_slices``, ``shards`` (per shard ``records``, ``bytes``, ``slices``), ``trim_gap``.
+        ``stream_name``, ``window_start``, ``window_end``, ``records``, ``bytes``, ``output_path``,
+        ``quarantined``, ``quarantine_path``, ``out_of_range``, ``time_slices``, ``shards`` (per
+        shard ``records``, ``bytes``, ``slices``, ``quarantined``, ``out_of_range``), ``trim_gap``.
     :raises AirflowFailException: the window starts before the trim horizon (without
         ``allow_data_loss``).
     :raises ValueError: ``window_start >= window_end``, an end in the future, or other bad arguments.
 
-    Other parameters are those of :class:`KinesisToSparkOperator` except the checkpoint-related
-    ones (``checkpoint_table``, ``initial_position``, ``initial_timestamp``, ``cutoff``, caps).
+    Other parameters are those of :class:`KinesisToSparkOperator`; its checkpoint-related ones
+    (``initial_position``, ``initial_timestamp``, ``cutoff``, the caps, ``lease_seconds``) are
+    checked but have no effect here, and ``checkpoint_table`` is not accepted.
     """
 
     template_fields: Sequence[str] = (*KinesisToSparkOperator.template_fields, "window_start", "window_end")
@@ -738,6 +754,8 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
                 raise ValueError(f"{name}: {err}") from err
         if self.time_slices is not None and (isinstance(self.time_slices, bool) or not 1 <= int(self.time_slices) <= 64):
             raise ValueError(f"time_slices must be 1..64 or None; got {self.time_slices!r}")
+        if not isinstance(self.slice_length, timedelta) or self.slice_length <= timedelta(0):
+            raise ValueError(f"slice_length must be a positive timedelta; got {self.slice_length!r}")
         return bounds[0], bounds[1]
 
     def _run_batch(self, context: Context) -> dict[str, Any]:
@@ -760,13 +778,15 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
             format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location,
         )  # fmt: skip
         probes = self._probe(plan)
-        reports = self._run_spark(plan) if any(r.records or r.quarantined for r in probes) else probes
+        found = any(r.records or r.quarantined for r in probes)
+        reports = self._run_spark(plan) if found else probes
+        validate_window_report(plan, reports)
         records = sum(r.records for r in reports)
-        if not records:
+        if not found:
             self.log.info("No records in the window: no Spark job, no files")
         summary = {
             "mode": "window",
-            "status": "written" if records else "no_records",
+            "status": "written" if found else "no_records",
             "stream_name": self.stream_name,
             "window_start": format_timestamp(start),
             "window_end": format_timestamp(end),

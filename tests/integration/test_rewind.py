@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
@@ -84,7 +85,7 @@ def test_rewind_to_latest_skips_the_backlog(consumed, kinesis):
     assert records == []
 
 
-def test_rewind_refuses_a_pending_batch_unless_discarded(consumed, kinesis):
+def test_rewind_refuses_a_pending_batch_unless_discarded(consumed, kinesis, tmp_path):
     store, *_ = consumed
     now = datetime.now(timezone.utc)
     plan = plan_incremental(batch_id=2, stream_name=store.stream_name, consumer_name="lake",
@@ -93,8 +94,15 @@ def test_rewind_refuses_a_pending_batch_unless_discarded(consumed, kinesis):
     store.begin(plan, "crashed-run")
     with pytest.raises(AirflowFailException, match="has pending batch 2 .held by crashed-run"):
         rewind_op(store, "TRIM_HORIZON").execute({})
+    plan_output = tmp_path / "batch_id=2"
+    (plan_output / "part-0.parquet").parent.mkdir(parents=True)
+    (plan_output / "part-0.parquet").write_bytes(b"written by the crashed run")
+    store.discard_pending(2, "crashed-run")
+    store.begin(replace(plan, output_location=str(plan_output)), "crashed-run-2")
     result = rewind_op(store, "TRIM_HORIZON", discard_pending=True).execute({})
     assert result["discarded_batch_id"] == 2 and result["batch_id"] == 2
+    # the rewind commits batch 2: the discarded attempt's files must not pass for its output
+    assert result["discarded_output"] == f"deleted {plan_output}" and not plan_output.exists()
     assert store.head().pending_batch_id is None and store.head().committed_batch_id == 2
 
 
@@ -122,5 +130,7 @@ def test_cli_lists_checkpoints_and_lag_and_rewinds(consumed, moto_endpoint):
     assert refused.exit_code != 0 and store.head().committed_batch_id == 1
     done = runner.invoke(cli, [*base, "rewind", *args, "--to", "TRIM_HORIZON", "--yes"])
     assert done.exit_code == 0 and "Rewound as batch 2" in done.output
+    bad = runner.invoke(cli, [*base, "rewind", *args, "--to", "yesterday", "--yes"])
+    assert bad.exit_code == 1 and "Error: ValueError: rewind target 'yesterday'" in bad.output and "Traceback" not in bad.output
     for command in (["--help"], ["checkpoints", "--help"], ["rewind", "--help"]):
         assert "Example:" in runner.invoke(cli, command).output

@@ -55,3 +55,23 @@ def test_window_label_is_path_safe():
     label = window_label(NOW, NOW + timedelta(minutes=15, milliseconds=250))
     assert label == "20261121T120000Z-20261121T121500.250Z"
     assert ":" not in label and "/" not in label
+
+
+def test_a_window_report_must_cover_every_planned_slice_once():
+    from airflow_kinesis_spark.core.reader import ShardReport
+    from airflow_kinesis_spark.core.shards import Shard
+    from airflow_kinesis_spark.core.window import plan_window, validate_window_report
+    from airflow_kinesis_spark.exceptions import ReportValidationError
+
+    shard = Shard("shardId-000000000000", None, None, "1", None, "0", "9")
+    plan = plan_window(stream_name="s", consumer_name="w", shards=[shard], start=NOW - timedelta(hours=1), end=NOW,
+                       slices=3, now=NOW, output_location="memory://w")  # fmt: skip
+
+    def report(index: int) -> ShardReport:
+        return ShardReport(shard.shard_id, None, None, 0, 0, 0, 0, False, "cutoff", slice_index=index)
+
+    validate_window_report(plan, [report(2), report(0), report(1)])
+    with pytest.raises(ReportValidationError, match=r"missing \[\('shardId-000000000000', 2\)\]"):
+        validate_window_report(plan, [report(0), report(1)])
+    with pytest.raises(ReportValidationError, match="repeated"):
+        validate_window_report(plan, [report(0), report(1), report(2), report(1)])
