@@ -27,7 +27,6 @@ from airflow_kinesis_spark.core.lag import measure_lag
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 
-
 def _console() -> Console:
     """A console sized to the terminal now (``COLUMNS`` is honoured)."""
     return Console()

@@ -11,6 +11,7 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aws_kinesis_agg.aggregator import RecordAggregator
@@ -143,3 +144,28 @@ def verify(produced: Sequence[Produced], rows: Iterable[tuple[str, str, int | No
         unexpected=len(set(seen) - set(expected)),
         data_mismatches=mismatches,
     )
+
+
+#: The output columns that identify a user record and its content, in ``verify``'s row order.
+KEY_COLUMNS = ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data")
+
+
+def committed_rows(
+    output: Path, committed_batch_id: int, columns: Sequence[str] = KEY_COLUMNS, *, with_batch_id: bool = False
+) -> list[tuple]:
+    """Rows of every committed batch's output (``{output}/batch_id=N``, ``N <= committed_batch_id``).
+
+    A batch that committed checkpoints without records wrote nothing and is skipped.
+
+    :param with_batch_id: put the batch id first in each row.
+    """
+    import pyarrow.parquet as pq
+
+    rows: list[tuple] = []
+    for batch_id in range(1, committed_batch_id + 1):
+        path = Path(output) / f"batch_id={batch_id}"
+        if path.exists():
+            table = pq.read_table(path, columns=list(columns)).to_pydict()
+            batch_rows = zip(*(table[c] for c in columns), strict=True)
+            rows.extend((batch_id, *row) if with_batch_id else row for row in batch_rows)
+    return rows

@@ -26,13 +26,14 @@ import boto3
 import pyarrow.parquet as pq
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from demo.producer import Produced, put_aggregated, put_plain, put_raw, verify
+from demo.producer import Produced, committed_rows, put_aggregated, put_plain, put_raw, verify
 from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, airflow, airflow_env, moto_server
 
 STREAM = "apache-access-log"
 CONSUMER = "parquet-lake"
 TABLE = "kinesis_spark_checkpoints"
 DAG_ID = "kinesis_microbatch"
+ROW_COLUMNS = ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "explicit_hash_key", "data", "log_parsed")
 OUTPUT_COLUMNS = [
     ("stream_name", "string"),
     ("shard_id", "string"),
@@ -57,23 +58,6 @@ def log_lines() -> list[tuple[str, bytes]]:
 
 def kpl_vectors() -> list[dict]:
     return json.loads((ROOT / "data" / "kpl_vectors.json").read_text())["vectors"]
-
-
-def committed_rows(output: Path, committed_batch_id: int) -> tuple[list[tuple], list[Path], object]:
-    """Rows of every committed batch's output; the files read; the schema of the first file."""
-    rows: list[tuple] = []
-    dirs = []
-    schema = None
-    for batch_id in range(1, committed_batch_id + 1):
-        batch_dir = output / f"batch_id={batch_id}"
-        if not batch_dir.exists():
-            continue  # a batch that committed checkpoints without records writes nothing
-        dirs.append(batch_dir)
-        table = pq.read_table(batch_dir)
-        schema = schema or table.schema
-        cols = table.select(["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "explicit_hash_key", "data", "log_parsed"]).to_pydict()
-        rows.extend(zip(*cols.values(), strict=True))
-    return rows, dirs, schema
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         head = store.head()
         checkpoints = store.committed_checkpoints(head)
 
-    rows, dirs, schema = committed_rows(output, head.committed_batch_id)
+    rows = committed_rows(output, head.committed_batch_id, ROW_COLUMNS)
+    dirs = sorted(output.glob("batch_id=*"), key=lambda p: int(p.name.split("=")[1]))
+    schema = pq.read_schema(next(dirs[0].glob("*.parquet"))) if dirs else None
     verdict = verify(produced, [(r[0], r[1], r[2], r[3], r[5]) for r in rows])
     schema_ok = schema is not None and [(f.name, str(f.type)) for f in schema][: len(OUTPUT_COLUMNS)] == OUTPUT_COLUMNS
     vector_records = vector_ok = 0

@@ -29,8 +29,6 @@ import logging
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -43,8 +41,8 @@ from typing import Any
 
 import boto3
 
-from demo.producer import Produced, put_aggregated, put_plain, verify
-from demo.stack import ACCESS_KEY, BIN, REGION, ROOT, SECRET_KEY, free_port, moto_server
+from demo.producer import Produced, committed_rows, put_aggregated, put_plain, verify
+from demo.stack import ACCESS_KEY, BIN, REGION, ROOT, SECRET_KEY, kinesalite_server, moto_server
 
 STREAM = "resharding-demo"
 CONSUMER = "resharding-lake"
@@ -89,37 +87,6 @@ def console_to_log(log_file: Path) -> Iterator[None]:
 
 
 # -- the stack -------------------------------------------------------------------------------
-
-
-@contextmanager
-def kinesalite_server(binary: str) -> Iterator[str]:
-    """kinesalite on a free port of 127.0.0.1 (fast stream state changes); yields its endpoint."""
-    if not Path(binary).exists():
-        raise SystemExit(f"kinesalite not installed at {binary}: run 'make kinesalite' or set KINESALITE_BIN")
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--createStreamMs", "5", "--deleteStreamMs", "5",
-         "--updateStreamMs", "5", "--shardLimit", "200"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"kinesalite exited with {proc.returncode}")
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("kinesalite did not start within 30s")
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def client(service: str, endpoint: str) -> Any:
@@ -279,21 +246,6 @@ def describe_run(number: int, summary: dict[str, Any]) -> str:
 
 
 # -- the verdict -----------------------------------------------------------------------------
-
-
-def committed_rows(output: Path, committed_batch_id: int) -> list[tuple[int, str, str, int | None, str, bytes]]:
-    """``(batch_id, shard_id, sequence_number, sub_sequence_number, partition_key, data)`` of
-    every committed batch's output."""
-    import pyarrow.parquet as pq
-
-    rows = []
-    for batch_id in range(1, committed_batch_id + 1):
-        path = output / f"batch_id={batch_id}"
-        if not path.exists():
-            continue  # a batch that committed checkpoints without records writes nothing
-        table = pq.read_table(path, columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
-        rows.extend((batch_id, *row) for row in zip(*table.to_pydict().values(), strict=True))
-    return rows
 
 
 def ancestors_of(shards: list[dict[str, Any]]) -> dict[str, set[str]]:
@@ -458,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         final_shards = shards_of(kinesis)
 
     produced = producer.produced
-    rows = committed_rows(output, head.committed_batch_id)
+    rows = committed_rows(output, head.committed_batch_id, with_batch_id=True)
     verdict = verify(produced, [(r[1], r[2], r[3], r[4], r[5]) for r in rows])
     across, within = order_violations(rows, ancestors_of(final_shards))
     produced_by_shard = Counter(p.shard_id for p in produced)

@@ -27,24 +27,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def moto_server(port: int | None = None) -> Iterator[str]:
-    """moto in server mode (Kinesis, DynamoDB, S3) on 127.0.0.1; yields its endpoint URL."""
-    port = port or free_port()
-    proc = subprocess.Popen(
-        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def local_server(command: list[str], port: int, name: str, timeout: float = 30.0, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run ``command`` (a server listening on 127.0.0.1:``port``); yield its URL; stop it after."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {proc.returncode}")
+                raise RuntimeError(f"{name} exited with {proc.returncode}")
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError("moto_server did not start within 30s")
+                raise RuntimeError(f"{name} did not listen on 127.0.0.1:{port} within {timeout}s")
             time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -53,6 +48,27 @@ def moto_server(port: int | None = None) -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def moto_server(port: int | None = None) -> Iterator[str]:
+    """moto in server mode (Kinesis, DynamoDB, S3) on 127.0.0.1; yields its endpoint URL."""
+    port = port or free_port()
+    with local_server([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "moto_server") as url:
+        yield url
+
+
+@contextmanager
+def kinesalite_server(binary: str | None = None) -> Iterator[str]:
+    """kinesalite (npm) on a free port of 127.0.0.1, with fast stream state changes; yields its endpoint."""
+    binary = binary or os.environ.get("KINESALITE_BIN") or str(ROOT / ".cache/node/node_modules/.bin/kinesalite")
+    if not Path(binary).exists():
+        raise RuntimeError(f"kinesalite not installed at {binary}: run 'make kinesalite' or set KINESALITE_BIN")
+    port = free_port()
+    command = [binary, "--port", str(port), "--createStreamMs", "5", "--deleteStreamMs", "5",
+               "--updateStreamMs", "5", "--shardLimit", "200"]  # fmt: skip
+    with local_server(command, port, "kinesalite") as url:
+        yield url
 
 
 def airflow_env(airflow_home: Path, endpoint: str, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -17,6 +17,8 @@ from pathlib import Path
 import boto3
 import pytest
 
+from demo.stack import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "data"
 REGION = "us-east-1"
@@ -25,10 +27,22 @@ TEST_ACCESS_KEY = "AKIAEMULATORTESTKEY1"
 TEST_SECRET_KEY = "emulator-test-secret-key-do-not-log"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def aws_connection(endpoint: str, **extra: object) -> str:
+    """An ``aws`` connection (JSON, for ``AIRFLOW_CONN_*``) to an emulator, as a DAG author writes it."""
+    return json.dumps({"conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY,
+                       "extra": {"region_name": REGION, "endpoint_url": endpoint, **extra}})  # fmt: skip
+
+
+@pytest.fixture
+def aws_conn(monkeypatch, moto_endpoint):
+    """``aws_default`` pointing at moto; call it with a kinesis endpoint to route Kinesis elsewhere."""
+
+    def configure(kinesis_endpoint: str | None = None) -> None:
+        extra = {"service_config": {"kinesis": {"endpoint_url": kinesis_endpoint}}} if kinesis_endpoint else {}
+        monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_connection(moto_endpoint, **extra))
+
+    configure()
+    return configure
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen, name: str, timeout: float = 30.0) -> None:

@@ -15,7 +15,12 @@ from botocore.exceptions import ClientError
 from airflow_kinesis_spark.core.lag import lag_plan, lag_summary, shard_lag
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
-from airflow_kinesis_spark.core.reader import ShardRange, ShardReader, ShardReport, probe_reader
+from airflow_kinesis_spark.core.reader import (
+    ShardRange,
+    ShardReader,
+    ShardReport,
+    probe_reader,
+)
 from airflow_kinesis_spark.core.shards import Shard
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head, join_chunks
 from airflow_kinesis_spark.exceptions import StreamNotFoundError

@@ -18,7 +18,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
-from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, to_utc
+from airflow_kinesis_spark.core.positions import (
+    Checkpoint,
+    Sentinel,
+    format_timestamp,
+    to_utc,
+)
 from airflow_kinesis_spark.core.reader import ShardRange, ShardReport
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
 

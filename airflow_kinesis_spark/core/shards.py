@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_kinesis_spark.exceptions import StreamNotFoundError
 from airflow_kinesis_spark.core.positions import Checkpoint, parse_sequence_number
+from airflow_kinesis_spark.exceptions import StreamNotFoundError
 
 log = logging.getLogger(__name__)
 

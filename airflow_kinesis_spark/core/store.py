@@ -43,7 +43,10 @@ from typing import Any
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
 from airflow_kinesis_spark.core.reader import ShardReport
-from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError
+from airflow_kinesis_spark.exceptions import (
+    BatchLeaseHeldError,
+    CheckpointConflictError,
+)
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow_kinesis_spark.core.planner import BatchPlan
-from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, to_utc
+from airflow_kinesis_spark.core.positions import (
+    Checkpoint,
+    Sentinel,
+    format_timestamp,
+    to_utc,
+)
 from airflow_kinesis_spark.core.reader import ShardRange, StartPosition
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
 from airflow_kinesis_spark.exceptions import DataLossError

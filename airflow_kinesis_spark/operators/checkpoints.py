@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
@@ -12,13 +11,12 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.admin import rewind
 from airflow_kinesis_spark.exceptions import CheckpointConflictError
-from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
-from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
+from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 
 __all__ = ["KinesisCheckpointRewindOperator"]
 
 
-class KinesisCheckpointRewindOperator(BaseOperator):
+class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
     """Reset a consumer's checkpoints to a timestamp, ``TRIM_HORIZON`` or ``LATEST``.
 
     The next ``KinesisToSparkOperator`` run of that consumer reads from there (parents before
@@ -62,13 +60,6 @@ class KinesisCheckpointRewindOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.region_name = region_name
 
-    @cached_property
-    def kinesis_hook(self) -> KinesisStreamHook:
-        return KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
-
-    @cached_property
-    def checkpoint_hook(self) -> DynamoDBCheckpointHook:
-        return DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
 
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)

@@ -12,24 +12,41 @@ import threading
 import uuid
 import zipfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException
 
 import airflow_kinesis_spark
-from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS, BatchPlan, plan_incremental, validate_report
 from airflow_kinesis_spark.core.lag import trim_gap
-from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, parse_timestamp
-from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition, probe_range
-from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, validate_table_name
+from airflow_kinesis_spark.core.planner import (
+    INITIAL_POSITIONS,
+    BatchPlan,
+    plan_incremental,
+    validate_report,
+)
+from airflow_kinesis_spark.core.positions import (
+    Checkpoint,
+    Sentinel,
+    format_timestamp,
+    parse_timestamp,
+)
+from airflow_kinesis_spark.core.reader import (
+    ShardRange,
+    ShardReport,
+    StartPosition,
+    probe_range,
+)
+from airflow_kinesis_spark.core.store import (
+    DynamoDBCheckpointStore,
+    validate_table_name,
+)
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
 from airflow_kinesis_spark.core.window import (
     derive_slices,
@@ -39,9 +56,13 @@ from airflow_kinesis_spark.core.window import (
     window_label,
     window_summary,
 )
-from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportValidationError
-from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
-from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook, validate_stream_name
+from airflow_kinesis_spark.exceptions import (
+    CheckpointConflictError,
+    DataLossError,
+    ReportValidationError,
+)
+from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.hooks.kinesis import validate_stream_name
 from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
 
 __all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
@@ -109,7 +130,7 @@ def _check_local_output(path: str) -> None:
         raise ValueError(f"output_path {path!r} cannot be written: no write permission on {str(probe)!r}")
 
 
-class KinesisToSparkOperator(BaseOperator):
+class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     """Read every shard of a Kinesis stream from its checkpoint to the cutoff into Parquet, exactly once.
 
     One run is one batch of the batch protocol: **plan** (committed checkpoints + shard lineage,
@@ -241,13 +262,6 @@ class KinesisToSparkOperator(BaseOperator):
         self.allow_data_loss = allow_data_loss
         self._spark_hook: BatchSparkSubmitHook | None = None
 
-    @cached_property
-    def kinesis_hook(self) -> KinesisStreamHook:
-        return KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
-
-    @cached_property
-    def checkpoint_hook(self) -> DynamoDBCheckpointHook:
-        return DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
 
     # -- validation ----------------------------------------------------------------------------
 

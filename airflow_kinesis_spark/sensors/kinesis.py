@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_kinesis_spark.core.lag import backlog_ready, measure_lag, retention_risks, topology_change
+from airflow_kinesis_spark.core.lag import (
+    backlog_ready,
+    measure_lag,
+    retention_risks,
+    topology_change,
+)
 from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
-from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook, validate_stream_name
+from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.hooks.kinesis import validate_stream_name
 from airflow_kinesis_spark.triggers.kinesis import (
     KinesisReshardingTrigger,
     KinesisRetentionTrigger,
@@ -25,7 +29,7 @@ from airflow_kinesis_spark.triggers.kinesis import (
 __all__ = ["KinesisShardLagSensor", "KinesisReshardingSensor", "KinesisRetentionGuardSensor"]
 
 
-class _ConsumerSensor(BaseSensorOperator):
+class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
     """Common part: one consumer of one stream, its checkpoint table, the AWS connection.
 
     In deferrable mode the sensor checks once (unless ``poke_before_deferring`` is false), then
@@ -54,13 +58,6 @@ class _ConsumerSensor(BaseSensorOperator):
         self.region_name = region_name
         self.deferrable = deferrable
 
-    @cached_property
-    def kinesis_hook(self) -> KinesisStreamHook:
-        return KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
-
-    @cached_property
-    def checkpoint_hook(self) -> DynamoDBCheckpointHook:
-        return DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
 
     def store(self) -> DynamoDBCheckpointStore:
         validate_stream_name(self.stream_name)

@@ -16,7 +16,11 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_kinesis_spark.core import aio
-from airflow_kinesis_spark.core.lag import backlog_ready, retention_risks, topology_change
+from airflow_kinesis_spark.core.lag import (
+    backlog_ready,
+    retention_risks,
+    topology_change,
+)
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook

@@ -6,7 +6,6 @@ import json
 import logging
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_kinesis_spark.core.positions import format_timestamp
@@ -14,29 +13,12 @@ from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import StreamNotFoundError
 from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
-from demo.producer import put_aggregated, put_plain, put_raw, verify
+from demo.producer import committed_rows, put_aggregated, put_plain, put_raw, verify
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 FAILING_TRANSFORM = Path(__file__).resolve().parents[1] / "spark" / "failing_transform.py"
-
-
-@pytest.fixture
-def aws_conn(monkeypatch, moto_endpoint):
-    """The aws_default connection pointing at moto, as a DAG author would configure it."""
-
-    def configure(kinesis_endpoint: str | None = None) -> None:
-        extra: dict = {"region_name": REGION, "endpoint_url": moto_endpoint}
-        if kinesis_endpoint:
-            extra["service_config"] = {"kinesis": {"endpoint_url": kinesis_endpoint}}
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_AWS_DEFAULT",
-            json.dumps({"conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY, "extra": extra}),
-        )
-
-    configure()
-    return configure
 
 
 @pytest.fixture
@@ -63,16 +45,6 @@ def operator(name: str, output: Path, **kwargs) -> KinesisToSparkOperator:
         min_call_interval=0.0,
         **kwargs,
     )
-
-
-def output_rows(output: Path, store: DynamoDBCheckpointStore) -> list[tuple]:
-    rows = []
-    for batch_id in range(1, store.head().committed_batch_id + 1):
-        path = output / f"batch_id={batch_id}"
-        if path.exists():
-            t = pq.read_table(path, columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
-            rows.extend(zip(*t.to_pydict().values(), strict=True))
-    return rows
 
 
 @pytest.mark.parametrize("kinesis_emulator", ["moto", "kinesalite"])
@@ -104,7 +76,7 @@ def test_batches_are_exactly_once_and_leak_no_credentials(
     second = operator(unique_name, output).execute({})
     assert second["batch_id"] == 2 and second["records"] == 40
 
-    verdict = verify(produced + more, output_rows(output, store))
+    verdict = verify(produced + more, committed_rows(output, store.head().committed_batch_id))
     assert verdict.ok, verdict
 
     # An idle run: no Spark job, no files, no batch.
@@ -148,12 +120,12 @@ def test_failed_spark_job_is_rerun_from_the_same_plan(aws_conn, spark_calls, kin
     retry = operator(unique_name, output).execute({})
     assert retry["reused_plan"] is True and retry["batch_id"] == 1 and retry["records"] == 120
     assert store.committed_checkpoints() != {}
-    assert verify(produced, output_rows(output, store)).ok
+    assert verify(produced, committed_rows(output, store.head().committed_batch_id)).ok
     assert pending is not None and format_timestamp(pending.cutoff) == retry["cutoff"]
 
     nxt = operator(unique_name, output).execute({})
     assert nxt["batch_id"] == 2 and nxt["records"] == 30
-    assert verify(produced + late, output_rows(output, store)).ok
+    assert verify(produced + late, committed_rows(output, store.head().committed_batch_id)).ok
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -14,16 +13,14 @@ from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from demo.producer import put_plain
-from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
+from tests.conftest import create_stream
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(autouse=True)
-def aws_conn(monkeypatch, moto_endpoint):
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
-        "conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY,
-        "extra": {"region_name": REGION, "endpoint_url": moto_endpoint}}))  # fmt: skip
+def _aws(aws_conn):
+    return aws_conn
 
 
 def commit_checkpoints(kinesis, dynamodb, stream: str, checkpoints: dict[str, Checkpoint]) -> DynamoDBCheckpointStore:

@@ -25,11 +25,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(autouse=True)
-def aws_conn(monkeypatch, moto_endpoint):
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
-        "conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY,
-        "extra": {"region_name": REGION, "endpoint_url": moto_endpoint}}))  # fmt: skip
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY)
+def _aws(aws_conn, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY)  # for the command-line tool's default chain
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_SECRET_KEY)
 
 

@@ -24,22 +24,9 @@ from airflow_kinesis_spark.triggers.kinesis import (
     KinesisShardLagTrigger,
 )
 from demo.producer import put_plain
-from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
+from tests.conftest import create_stream
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def aws_conn(monkeypatch, moto_endpoint):
-    def configure(kinesis_endpoint: str | None = None) -> None:
-        extra: dict = {"region_name": REGION, "endpoint_url": moto_endpoint}
-        if kinesis_endpoint:
-            extra["service_config"] = {"kinesis": {"endpoint_url": kinesis_endpoint}}
-        monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(
-            {"conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY, "extra": extra}))  # fmt: skip
-
-    configure()
-    return configure
 
 
 def consume_everything(kinesis, dynamodb, stream: str, table: str, batch_id: int = 1) -> None:

@@ -6,12 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY
-
-
-def aws_connection(endpoint: str, **extra) -> str:
-    return json.dumps({"conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY,
-                       "extra": {"region_name": REGION, "endpoint_url": endpoint, **extra}})  # fmt: skip
+from tests.conftest import aws_connection
 
 
 @pytest.fixture

@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import pyarrow.parquet as pq
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from demo.producer import Produced, Verdict, verify
+from demo.producer import Produced, Verdict, committed_rows, verify
 from tests.conftest import ROOT
-from tests.reliability.conftest import aws_connection
+from tests.conftest import aws_connection
 from tests.reliability.fault_proxy import FaultProxy
 
 SLOW_WRITE = ROOT / "tests" / "reliability" / "slow_write.py"
@@ -67,13 +66,7 @@ class Consumer:
         self.history.append((head.committed_batch_id, self.store.committed_checkpoints(head)))
 
     def rows(self) -> list[tuple]:
-        rows = []
-        for batch_id in range(1, self.store.head().committed_batch_id + 1):
-            path = self.output / f"batch_id={batch_id}"
-            if path.exists():
-                t = pq.read_table(path, columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
-                rows.extend(zip(*t.to_pydict().values(), strict=True))
-        return rows
+        return committed_rows(self.output, self.store.head().committed_batch_id)
 
     def check(self, produced: list[Produced]) -> Verdict:
         """EXACT (verifier: nothing missing, nothing twice) and MONO (checkpoints never went back)."""

@@ -12,33 +12,21 @@ import hashlib
 import json
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
-from demo.producer import put_aggregated, put_plain, verify
+from demo.producer import committed_rows, put_aggregated, put_plain, verify
 from tests.conftest import ROOT, create_stream
-from tests.reliability.conftest import aws_connection
+from tests.conftest import aws_connection
 from tests.reliability.fault_proxy import FaultProxy
 
 pytestmark = [pytest.mark.reliability, pytest.mark.spark, pytest.mark.slow]
 
 RATES = (None, 0.0, 0.05, 0.20, 0.50)  # None: a warm-up run (Spark Connect session start), not measured
 RETRIES = {"config_kwargs": {"retries": {"mode": "standard", "max_attempts": 10}}}
-
-
-def rows_of(output: Path, store: DynamoDBCheckpointStore) -> list[tuple]:
-    rows = []
-    for batch_id in range(1, store.head().committed_batch_id + 1):
-        path = output / f"batch_id={batch_id}"
-        if path.exists():
-            t = pq.read_table(path, columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
-            rows.extend(zip(*t.to_pydict().values(), strict=True))
-    return rows
 
 
 def digest_rows(rows: list[tuple]) -> str:
@@ -72,7 +60,7 @@ def test_output_is_identical_under_injected_faults(connections, moto_endpoint, d
         elapsed = time.monotonic() - started
         proxy.stop()
         store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, consumer)
-        rows = rows_of(output, store)
+        rows = committed_rows(output, store.head().committed_batch_id)
         verdict = verify(produced, rows)
         assert verdict.ok and verdict.missing == 0 and verdict.duplicates == 0, (rate, verdict)
         assert summary["records"] == len(produced) or attempts > 1
