@@ -158,6 +158,9 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
     from pyspark.sql import functions as F
 
     started = time.monotonic()
+    # Also over Spark Connect, where the session is the server's: UTC and standard Parquet timestamps.
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     raw = read_batch(spark, plan, aws_env, limit, min_call_interval).persist(StorageLevel.DISK_ONLY)
     try:
         reports = [json.loads(r[0]) for r in raw.where(F.col("_report").isNotNull()).select("_report").collect()]

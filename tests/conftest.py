@@ -153,3 +153,11 @@ def spark_connect_endpoint() -> Iterator[tuple[str, int]]:
     _wait_for_port(port, proc, "Spark Connect server", timeout=120)
     yield "127.0.0.1", port
     _stop(proc)
+
+
+@pytest.fixture
+def spark_connect_conn(monkeypatch, spark_connect_endpoint) -> str:
+    """A ``spark_connect`` connection (id ``spark_connect_test``) to the test server; returns its id."""
+    host, port = spark_connect_endpoint
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": host, "port": port}))
+    return "spark_connect_test"

@@ -361,7 +361,9 @@ class ShardReader:
     :param backoff_base: seconds; the n-th retry sleeps uniform(0, min(backoff_cap, base * 2**n)).
     :param backoff_cap: seconds.
     :param sleep: injectable ``time.sleep``.
-    :raises CorruptAggregateError: from :meth:`pages` when an aggregate is corrupt.
+    A corrupt KPL aggregate does not stop the read: it is yielded as one record with
+    ``quarantine_reason`` set and counted in the report's ``quarantined``.
+
     :raises botocore.exceptions.ClientError: when a throttling error persists or another error occurs.
     """
 
@@ -563,16 +565,14 @@ class ShardReader:
             p.last_kinesis_sequence = sequence_number
             p.first = p.first or ExtendedSequenceNumber(sequence_number)
             p.last = ExtendedSequenceNumber(sequence_number)
+            if ending is not None and int(sequence_number) == ending:
+                p.stop_reason = "shard_end"
+                return True
             return False
         skip = rng.start.skip_through_sub_sequence_number
         if skip is not None and rng.start.sequence_number == sequence_number:
             users = [u for u in users if u[0] is not None and u[0] > skip]
         size = sum(len(u[3]) for u in users)
-        if rng.starting_hash_key is not None and users and users[0][0] is not None:
-            low, high = int(rng.starting_hash_key), int(rng.ending_hash_key or rng.starting_hash_key)
-            for _, key, hash_key, _ in users:
-                value = int(hash_key) if hash_key else int(hashlib.md5(key.encode()).hexdigest(), 16)  # noqa: S324
-                p.out_of_range += not low <= value <= high
         if p.records > 0:
             if rng.max_records is not None and p.records + len(users) > rng.max_records:
                 p.stop_reason = "max_records"
@@ -580,6 +580,11 @@ class ShardReader:
             if rng.max_bytes is not None and p.kinesis_bytes + len(data) > rng.max_bytes:
                 p.stop_reason = "max_bytes"
                 return True
+        if rng.starting_hash_key is not None and users and users[0][0] is not None:
+            low, high = int(rng.starting_hash_key), int(rng.ending_hash_key or rng.starting_hash_key)
+            for _, key, hash_key, _ in users:
+                value = int(hash_key) if hash_key else int(hashlib.md5(key.encode()).hexdigest(), 16)  # noqa: S324
+                p.out_of_range += not low <= value <= high
         for sub, key, hash_key, payload in users:
             page.append(UserRecord(rng.shard_id, sequence_number, sub, key, hash_key, arrival, payload))
             position = ExtendedSequenceNumber(sequence_number, sub)

@@ -322,6 +322,16 @@ class DynamoDBCheckpointStore:
         :raises CheckpointConflictError: ``batch_id`` is no longer pending.
         """
         head = self.head()
+        self._raise_if_leased(head, batch_id, owner, lease_seconds)
+        try:
+            self._update_lease(batch_id, owner, lease_seconds)
+        except CheckpointConflictError:
+            self._raise_if_leased(self.head(), batch_id, owner, lease_seconds)  # renewed meanwhile
+            raise
+        log.info("took over pending batch %d from %s", batch_id, head.pending_owner)
+        return self.head()
+
+    def _raise_if_leased(self, head: Head, batch_id: int, owner: str, lease_seconds: float) -> None:
         if head.pending_batch_id == batch_id and head.pending_owner != owner and head.pending_heartbeat is not None:
             age = (_now_ms() - head.pending_heartbeat) / 1000
             if age < lease_seconds:
@@ -331,6 +341,8 @@ class DynamoDBCheckpointStore:
                     "of this consumer is at work; retry after it ends or its lease expires.",
                     batch_id=batch_id, holder=head.pending_owner, heartbeat_age_seconds=age,
                 )  # fmt: skip
+
+    def _update_lease(self, batch_id: int, owner: str, lease_seconds: float) -> None:
         self._update_head(
             "SET pending_owner = :o, pending_since = :t, pending_heartbeat = :hb",
             "pending_batch_id = :n AND (attribute_not_exists(pending_heartbeat) OR pending_heartbeat < :stale "
@@ -341,8 +353,6 @@ class DynamoDBCheckpointStore:
             owner=owner,
             applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == owner,
         )  # fmt: skip
-        log.info("took over pending batch %d from %s", batch_id, head.pending_owner)
-        return self.head()
 
     def heartbeat(self, batch_id: int, owner: str) -> None:
         """Renew this writer's lease on pending batch ``batch_id``.
@@ -515,26 +525,27 @@ class DynamoDBCheckpointStore:
 
     def _mirror_leases(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]) -> None:
         """Write the per-shard KCL-style items of the planned shards. Best effort: never raises."""
-        planned = {r.shard_id for r in plan.ranges}
-        try:
-            for shard_id in sorted(planned):
-                checkpoint = checkpoints[shard_id]
-                position = checkpoint.position
-                item = {
-                    **self._key(f"LEASE#{shard_id}"),
-                    "leaseKey": {"S": shard_id},
-                    "leaseOwner": {"S": self.consumer_name},
-                    "checkpoint": {"S": position.sequence_number if position else checkpoint.sentinel.value},  # type: ignore[union-attr]
-                    "checkpointSubSequenceNumber": {"N": str((position.sub_sequence_number or 0) if position else 0)},
-                    "batchId": {"N": str(plan.batch_id)},
-                }
-                if checkpoint.timestamp is not None:
-                    item["checkpointTimestamp"] = {"S": format_timestamp(checkpoint.timestamp)}
+        for shard_id in sorted({r.shard_id for r in plan.ranges}):
+            checkpoint = checkpoints[shard_id]
+            position = checkpoint.position
+            item = {
+                **self._key(f"LEASE#{shard_id}"),
+                "leaseKey": {"S": shard_id},
+                "leaseOwner": {"S": self.consumer_name},
+                "checkpoint": {"S": position.sequence_number if position else checkpoint.sentinel.value},  # type: ignore[union-attr]
+                "checkpointSubSequenceNumber": {"N": str((position.sub_sequence_number or 0) if position else 0)},
+                "batchId": {"N": str(plan.batch_id)},
+            }
+            if checkpoint.timestamp is not None:
+                item["checkpointTimestamp"] = {"S": format_timestamp(checkpoint.timestamp)}
+            try:
                 self.client.put_item(
                     TableName=self.table_name,
                     Item=item,
                     ConditionExpression="attribute_not_exists(batchId) OR batchId < :n",
                     ExpressionAttributeValues={":n": {"N": str(plan.batch_id)}},
                 )
-        except Exception as err:  # noqa: BLE001 - the mirror is derived data
-            log.warning("could not update the KCL-style lease mirror: %s", err)
+            except self.client.exceptions.ConditionalCheckFailedException:
+                pass  # already at this batch or a later one (a retried request)
+            except Exception as err:  # noqa: BLE001 - the mirror is derived data
+                log.warning("could not update the KCL-style lease mirror of %s: %s", shard_id, err)

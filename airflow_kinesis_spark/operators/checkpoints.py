@@ -23,14 +23,15 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
     children, as always). The rewind is itself a committed batch that reads nothing, fenced like
     any other: it fails if another run of the consumer is active.
 
-    .. seealso:: docs/backfill.md
+    .. seealso:: docs/rewind.md
 
     :param stream_name: the stream (templated).
     :param consumer_name: the consumer (templated).
     :param checkpoint_table: its DynamoDB checkpoint table (templated).
     :param to: ``TRIM_HORIZON``, ``LATEST`` or an ISO 8601 timestamp (UTC) (templated).
     :param dry_run: only log and return the per-shard positions it would set.
-    :param discard_pending: drop a pending batch first (its uncommitted output stays invisible).
+    :param discard_pending: drop a pending batch first; the rewind takes its batch id, so the
+        discarded batch's output is deleted if local, else named in ``discarded_output``.
     :returns: (XCom) see :func:`airflow_kinesis_spark.core.admin.rewind`.
     :raises AirflowFailException: a batch is pending or another writer moved first (no retry).
     """

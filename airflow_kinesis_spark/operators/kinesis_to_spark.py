@@ -183,7 +183,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     :returns: (XCom) the batch summary: ``batch_id``, ``status`` (``committed``,
         ``committed_without_records`` or ``no_new_records``), ``stream_name``,
         ``consumer_name``, ``records``, ``bytes``, ``output_path``, ``quarantined`` (corrupt
-        aggregates, kept raw under ``{output_path}/_quarantine`` = ``quarantine_path``),
+        aggregates, kept raw under ``{output_path}/batch_id=N/_quarantine`` = ``quarantine_path``),
         ``out_of_range`` (aggregated user records outside their shard's hash key range, kept),
         ``cutoff``, ``reused_plan``,
         ``shards`` (per shard: ``records``, ``bytes``, ``first``, ``last``, ``checkpoint``,
@@ -283,6 +283,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
                 raise ValueError(f"{name} must be a positive integer or None; got {value!r}")
         if not 1 <= int(self.get_records_limit) <= 10_000:
             raise ValueError(f"get_records_limit must be 1..10,000 (GetRecords Limit); got {self.get_records_limit!r}")
+        if not self.lease_seconds or self.lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0 seconds; got {self.lease_seconds!r}")
         if self.min_call_interval < 0:
             raise ValueError(f"min_call_interval must be >= 0 seconds; got {self.min_call_interval!r}")
         if self.initial_position not in INITIAL_POSITIONS:

@@ -105,3 +105,17 @@ def test_an_idle_consumer_records_hourly_that_its_shards_were_empty(kinesis, dyn
     second = operator(unique_name, tmp_path).execute({})
     assert second["status"] == "no_new_records" and store.head().committed_batch_id == 2
     assert not (tmp_path / "out").exists()  # no Spark job, no files
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_with_allow_data_loss_the_run_proceeds_and_reports_the_gap(kinesis, dynamodb, unique_name, tmp_path, spark_connect_conn):
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a"), ("k", b"b"), ("k", b"c")])
+    (shard,) = list_shards(kinesis, unique_name)
+    stale = Checkpoint(position=ExtendedSequenceNumber("0"), clear_until=datetime.now(timezone.utc) - timedelta(days=3))
+    store = commit_checkpoints(kinesis, dynamodb, unique_name, {shard.shard_id: stale})
+    summary = operator(unique_name, tmp_path, allow_data_loss=True, spark_conn_id=spark_connect_conn).execute({})
+    assert summary["status"] == "committed" and summary["records"] == 3  # read from the oldest record kept
+    assert list(summary["trim_gaps"]) == [shard.shard_id] and "trim horizon" in summary["trim_gaps"][shard.shard_id]
+    assert store.head().committed_batch_id == 2

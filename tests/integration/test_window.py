@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -81,3 +81,29 @@ def test_window_covering_a_shard_closed_by_a_split_includes_its_records(kinesis,
     assert {r.shard_id for r in plan.ranges} == {s.shard_id for s in shards}
     assert {r.shard_id for r in rows} == {parent.shard_id}
     assert verify(produced, [(r.shard_id, r.sequence_number, r.sub_sequence_number, r.partition_key, r.data) for r in rows]).ok
+
+
+@pytest.mark.parametrize(
+    ("start_delta", "end_delta", "error", "message"),
+    [
+        (timedelta(minutes=-5), timedelta(minutes=-10), ValueError, "is not before its end"),
+        (timedelta(minutes=-5), timedelta(minutes=5), ValueError, "is in the future"),
+        (timedelta(days=-3), timedelta(days=-2), "AirflowFailException", r"before the trim horizon .*allow_data_loss=True"),
+    ],
+    ids=["reversed", "future", "before_trim_horizon"],
+)
+def test_bad_windows_fail_clearly_and_write_nothing(aws_conn, kinesis, unique_name, tmp_path, start_delta, end_delta, error, message):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_kinesis_spark.core.positions import format_timestamp
+    from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisWindowToSparkOperator
+
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"x")])
+    now = datetime.now(timezone.utc)
+    op = KinesisWindowToSparkOperator(task_id="w", stream_name=unique_name, output_path=str(tmp_path / "out"),
+                                      window_start=format_timestamp(now + start_delta),
+                                      window_end=format_timestamp(now + end_delta))  # fmt: skip
+    with pytest.raises(AirflowFailException if error == "AirflowFailException" else error, match=message):
+        op.execute({})
+    assert not (tmp_path / "out").exists()

@@ -94,3 +94,26 @@ def test_kill_at(point, setup):
             assert "Submitting the Spark job" not in consumer.last_log()
     verdict = consumer.check(produced)
     assert verdict.records_out == len(produced) == 400
+
+
+def test_killing_only_the_worker_process_takes_its_spark_job_down(setup):
+    """kill -9 of the operator's process alone (a worker lost to the OOM killer): its spark-submit
+    must not run on as a zombie writing the batch's output. Two things end it: the broken pipe of
+    its output, and PR_SET_PDEATHSIG set on it (this test passes with either alone)."""
+    import os
+    import signal
+
+    import psutil
+
+    consumer, produced = setup
+    proc = consumer.start()
+    assert wait_until(reading(consumer), 180, proc), consumer.last_log()[-3000:]
+    jvms = [c for c in psutil.Process(proc.pid).children(recursive=True) if "java" in c.name()]
+    assert jvms, "no Spark JVM under the operator process"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    gone, alive = psutil.wait_procs(jvms, timeout=30)
+    assert not alive, f"Spark JVMs outlived their worker: {[p.pid for p in alive]}"
+    time.sleep(LEASE + 0.2)
+    consumer.run()
+    assert consumer.check(produced).records_out == 400
