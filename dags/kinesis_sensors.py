@@ -2,8 +2,9 @@
 
 * ``retention_guard`` fails (no retry) when a shard's oldest unconsumed record is within two hours
   of the stream's retention period: someone must act before records age out.
-* ``wait_for_backlog`` (deferrable: it waits in the triggerer, not a worker slot) succeeds when
-  any shard has records this consumer has not committed; its XCom is the per-shard lag.
+* ``wait_for_backlog`` succeeds when any shard has records this consumer has not committed; its
+  XCom is the per-shard lag. Deferrable by default (it waits in the triggerer, not a worker slot);
+  KINESIS_SENSORS_DEFERRABLE=false runs every sensor in poke mode.
 * ``ingest`` is one exactly-once batch (see kinesis_microbatch.py).
 * ``watch_resharding`` reports a split or merge since the last committed batch (new shards,
   closed shards, parent -> children) and is skipped when there was none. The operator needs no
@@ -30,6 +31,8 @@ STREAM = os.environ.get("KINESIS_STREAM", "apache-access-log")
 CONSUMER = os.environ.get("KINESIS_CONSUMER", "parquet-lake")
 TABLE = os.environ.get("KINESIS_CHECKPOINT_TABLE", "kinesis_spark_checkpoints")
 OUTPUT = os.environ.get("KINESIS_OUTPUT_PATH", "/tmp/kinesis_spark_output")
+# Wait in the triggerer (deferrable) or in a worker slot (poke mode).
+DEFERRABLE = os.environ.get("KINESIS_SENSORS_DEFERRABLE", "true").lower() == "true"
 
 
 # [START howto_sensor_kinesis]
@@ -43,15 +46,10 @@ OUTPUT = os.environ.get("KINESIS_OUTPUT_PATH", "/tmp/kinesis_spark_output")
 )
 def kinesis_sensors():
     consumer = {"stream_name": STREAM, "consumer_name": CONSUMER, "checkpoint_table": TABLE}
+    sensing = {**consumer, "deferrable": DEFERRABLE}
 
-    retention_guard = KinesisRetentionGuardSensor(task_id="retention_guard", margin=timedelta(hours=2), **consumer)
-    wait_for_backlog = KinesisShardLagSensor(
-        task_id="wait_for_backlog",
-        deferrable=True,
-        poke_interval=5,
-        timeout=600,
-        **consumer,
-    )
+    retention_guard = KinesisRetentionGuardSensor(task_id="retention_guard", margin=timedelta(hours=2), **sensing)
+    wait_for_backlog = KinesisShardLagSensor(task_id="wait_for_backlog", poke_interval=5, timeout=600, **sensing)
     ingest = KinesisToSparkOperator(
         task_id="ingest",
         output_path=OUTPUT,
@@ -60,7 +58,7 @@ def kinesis_sensors():
         **consumer,
     )
     watch_resharding = KinesisReshardingSensor(
-        task_id="watch_resharding", poke_interval=2, timeout=6, soft_fail=True, **consumer
+        task_id="watch_resharding", poke_interval=3, timeout=120, soft_fail=True, **sensing
     )
     retention_guard >> wait_for_backlog >> ingest >> watch_resharding
 

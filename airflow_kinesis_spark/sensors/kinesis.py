@@ -138,20 +138,24 @@ class KinesisShardLagSensor(_ConsumerSensor):
             raise ValueError(f"initial_position must be TRIM_HORIZON or LATEST; got {self.initial_position!r}")
         summary = measure_lag(self.kinesis_hook.conn, self.store(), initial_position=self.initial_position)
         done = backlog_ready(summary, self.min_age_seconds)
+        self._log_lag(summary, "ready" if done else "waiting")
+        return PokeReturnValue(is_done=done, xcom_value=summary)
+
+    def _log_lag(self, summary: dict[str, Any], state: str) -> None:
         self.log.info(
             "Lag of %s/%s: %d shards with records waiting, oldest %.1fs; %s",
             self.stream_name, self.consumer_name, len(summary["shards_with_unconsumed"]),
-            summary["max_age_ms"] / 1000, "ready" if done else "waiting",
+            summary["max_age_ms"] / 1000, state,
         )  # fmt: skip
         for shard_id, lag in summary["shards"].items():
             self.log.info("  %s: checkpoint %s, age %s ms, MillisBehindLatest %s", shard_id, lag["checkpoint"],
                           lag["age_ms"], lag["millis_behind_latest"])  # fmt: skip
-        return PokeReturnValue(is_done=done, xcom_value=summary)
 
     def trigger(self) -> KinesisShardLagTrigger:
         return KinesisShardLagTrigger(min_age_seconds=self.min_age_seconds, initial_position=self.initial_position, **self.trigger_kwargs())
 
     def complete(self, event: dict[str, Any]) -> Any:
+        self._log_lag(event["lag"], "ready (from the trigger)")
         return event["lag"]
 
 
@@ -190,7 +194,10 @@ class KinesisReshardingSensor(_ConsumerSensor):
         return KinesisReshardingTrigger(**self.trigger_kwargs())
 
     def complete(self, event: dict[str, Any]) -> Any:
-        return event["change"]
+        change = event["change"]
+        self.log.info("Resharding since batch %s: new %s, closed %s, children %s", change["committed_batch_id"],
+                      change["new_shards"], change["closed_shards"], change["children"])  # fmt: skip
+        return change
 
 
 class KinesisRetentionGuardSensor(_ConsumerSensor):
