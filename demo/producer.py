@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,8 @@ def put_raw(client: Any, stream: str, blobs: Iterable[tuple[str, bytes, list[tup
 
 @dataclass
 class Verdict:
+    """What ``verify`` found: totals, and ``per_shard`` (shard id -> the same counts)."""
+
     records_in: int
     records_out: int
     rows: int
@@ -118,6 +120,7 @@ class Verdict:
     missing: int
     unexpected: int
     data_mismatches: int
+    per_shard: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -135,6 +138,14 @@ def verify(produced: Sequence[Produced], rows: Iterable[tuple[str, str, int | No
         p = expected.get(key)
         if p is not None and seen[key] == 1 and (p.partition_key != pk or p.digest != digest(data)):
             mismatches += 1
+    per_shard: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(("records_in", "records_out", "duplicates", "missing", "unexpected"), 0))
+    for key in expected:
+        per_shard[key[0]]["records_in"] += 1
+        per_shard[key[0]]["missing"] += key not in seen
+    for key, n in seen.items():
+        per_shard[key[0]]["records_out"] += 1
+        per_shard[key[0]]["duplicates"] += n - 1
+        per_shard[key[0]]["unexpected"] += key not in expected
     return Verdict(
         records_in=len(expected),
         records_out=len(seen),
@@ -143,6 +154,7 @@ def verify(produced: Sequence[Produced], rows: Iterable[tuple[str, str, int | No
         missing=len(set(expected) - set(seen)),
         unexpected=len(set(seen) - set(expected)),
         data_mismatches=mismatches,
+        per_shard=dict(sorted(per_shard.items())),
     )
 
 
