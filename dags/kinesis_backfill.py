@@ -17,16 +17,19 @@ import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import dag
+from airflow.sdk.definitions.timetables.interval import DeltaDataIntervalTimetable
 
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisWindowToSparkOperator
 
 WINDOW = timedelta(seconds=int(os.environ.get("KINESIS_WINDOW_SECONDS", "900")))
+# A data-interval timetable: in Airflow 3 a plain ``schedule=timedelta(...)`` gives runs whose
+# data interval is empty (start == end), which is no window to read.
 
 
 # [START howto_operator_kinesis_window]
 @dag(
     dag_id="kinesis_backfill",
-    schedule=WINDOW,
+    schedule=DeltaDataIntervalTimetable(WINDOW),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     tags=["kinesis", "spark", "example", "backfill"],

@@ -57,3 +57,24 @@ def test_demo_runs_the_dag_twice_exactly_once(tmp_path):
     assert result["kpl_vector_records_ok"] == result["kpl_vector_records"] == 17
     assert result["schema_ok"] is True
     assert result["parsed_log_lines"] == 10_500
+
+
+def test_backfill_dag_runs_cover_consecutive_non_empty_windows(tmp_path, monkeypatch):
+    """Each scheduled or backfill run's data interval is the window it reads: never empty."""
+    from datetime import datetime, timedelta, timezone
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("KINESIS_WINDOW_SECONDS", "600")
+    from airflow.dag_processing.dagbag import DagBag
+
+    from airflow.sdk.definitions.timetables.interval import DeltaDataIntervalTimetable
+    from airflow.serialization.serialized_objects import decode_timetable, encode_timetable
+
+    dag = DagBag(dag_folder=str(ROOT / "dags" / "kinesis_backfill.py")).dags["kinesis_backfill"]
+    assert isinstance(dag.timetable, DeltaDataIntervalTimetable)
+    scheduler_side = decode_timetable(encode_timetable(dag.timetable))  # what the scheduler runs
+    start = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    first = scheduler_side.infer_manual_data_interval(run_after=start)
+    assert first.end - first.start == timedelta(minutes=10)
+    task = dag.get_task("read_window")
+    assert "data_interval_start" in task.window_start and "data_interval_end" in task.window_end
