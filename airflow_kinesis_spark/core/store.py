@@ -354,6 +354,20 @@ class DynamoDBCheckpointStore:
             applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == owner,
         )  # fmt: skip
 
+    def release(self, batch_id: int, owner: str) -> None:
+        """Give up the lease on pending batch ``batch_id`` (this run failed and stops): the next
+        attempt may take the batch over at once. A no-op if another writer holds it already."""
+        try:
+            self._update_head(
+                "SET pending_heartbeat = :zero",
+                "pending_batch_id = :n AND pending_owner = :o",
+                {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":zero": {"N": "0"}},
+                action=f"release the lease on batch {batch_id}",
+                owner=owner,
+            )
+        except CheckpointConflictError:
+            log.info("lease on batch %d already taken over; nothing to release", batch_id)
+
     def heartbeat(self, batch_id: int, owner: str) -> None:
         """Renew this writer's lease on pending batch ``batch_id``.
 
@@ -526,7 +540,9 @@ class DynamoDBCheckpointStore:
     def _mirror_leases(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]) -> None:
         """Write the per-shard KCL-style items of the planned shards. Best effort: never raises."""
         for shard_id in sorted({r.shard_id for r in plan.ranges}):
-            checkpoint = checkpoints[shard_id]
+            checkpoint = checkpoints.get(shard_id)
+            if checkpoint is None:  # not among the batch's checkpoints (e.g. retired): nothing to mirror
+                continue
             position = checkpoint.position
             item = {
                 **self._key(f"LEASE#{shard_id}"),

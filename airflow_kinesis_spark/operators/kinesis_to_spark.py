@@ -72,6 +72,8 @@ _CONSUMER_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 SPARK_SCRIPT = "kinesis_batch.py"
 #: The shortest retention period a stream can have (24 hours, Kinesis developer guide).
 MIN_RETENTION = timedelta(hours=24)
+#: Environment variables by which PySpark marks a process as a Spark Connect client.
+CONNECT_ENV_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 #: How often an idle consumer records that its shards were empty up to the cutoff.
 IDLE_REFRESH = timedelta(hours=1)
 
@@ -387,8 +389,11 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         try:
             yield
         except Exception:
+            done.set()
+            thread.join(timeout=10)
             if fenced:
                 raise fenced[0] from None
+            store.release(batch_id, owner)  # this run stops here: its retry need not wait for the lease
             raise
         finally:
             done.set()
@@ -580,6 +585,9 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         transform = resolve_transform(self.transform) if self.transform else None
         url = SparkConnectHook(conn_id=self.spark_conn_id).get_connection_url()
         self.log.info("Running the Spark job of batch %d over Spark Connect (%d shard ranges)", plan.batch_id, len(plan.ranges))
+        # PySpark marks the whole process as a Spark Connect client in os.environ; a spark-submit
+        # started later from this process would inherit it and fail. Put the environment back after.
+        saved = {k: os.environ.get(k) for k in CONNECT_ENV_VARS}
         spark = SparkSession.builder.remote(url).getOrCreate()
         try:
             with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:
@@ -594,6 +602,11 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             ) from err
         finally:
             spark.stop()
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         self.log.info(
             "Spark job of batch %d: %d records read in %.1fs, %.1fs in all",
             plan.batch_id, result["records"], result["read_seconds"], result["total_seconds"],

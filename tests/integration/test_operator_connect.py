@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -53,3 +54,5 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     assert "log_parsed" in pq.read_schema(next((output / "batch_id=1").glob("*.parquet"))).names
     captured = capfd.readouterr()
     assert TEST_SECRET_KEY not in captured.out + captured.err
+    # the process is not left marked as a Spark Connect client (a later spark-submit would fail)
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_REMOTE" not in os.environ
