@@ -45,7 +45,7 @@ demo: venv
 
 # Split and merge shards while producing and ingesting; checks exactly-once and parent-before-child order.
 # Backfill by arrival time: consecutive windows, a re-run, and the union checked against an
-# incremental ingestion (real time: about 5 minutes).
+# incremental ingestion (real time: several minutes).
 demo-backfill: venv
 	$(PY) -m demo.run_backfill
 

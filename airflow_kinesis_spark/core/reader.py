@@ -64,7 +64,6 @@ THROTTLING_ERRORS = frozenset(
     {"ProvisionedThroughputExceededException", "KMSThrottlingException", "LimitExceededException"}
 )
 
-STOP_REASONS = ("cutoff", "caught_up", "shard_end", "max_records", "max_bytes")
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def plan_window(
     )
 
 
-def window_summary(plan: BatchPlan, reports: Iterable[Any]) -> dict[str, Any]:
+def window_summary(reports: Iterable[Any]) -> dict[str, Any]:
     """Per shard totals of a window's slice reports (JSON-safe)."""
     shards: dict[str, dict[str, Any]] = {}
     for report in reports:

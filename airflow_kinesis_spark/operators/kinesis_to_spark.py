@@ -826,7 +826,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
             "quarantine_path": f"{plan.output_location}/_quarantine" if any(r.quarantined for r in reports) else None,
             "out_of_range": sum(r.out_of_range for r in reports),
             "time_slices": int(slices),
-            "shards": window_summary(plan, reports),
+            "shards": window_summary(reports),
             "trim_gap": gap,
         }
         self.log.info("Window written: %d records from %d shards to %s", records, len(summary["shards"]), summary["output_path"])
