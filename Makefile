@@ -24,7 +24,7 @@ venv: $(VENV)/.installed java
 # Regenerate the lock file after changing dependencies in pyproject.toml.
 lock:
 	test -x $(VENV)/bin/uv || ($(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet "uv==$(UV_VERSION)")
-	$(VENV)/bin/uv pip compile pyproject.toml --extra test --python-version 3.11 --no-header --generate-hashes -o requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra openlineage --extra docs --python-version 3.11 --no-header --generate-hashes -o requirements.lock
 
 # PySpark needs Java 17+; install it from the distribution's packages when missing.
 java:
