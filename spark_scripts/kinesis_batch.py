@@ -4,8 +4,11 @@ Submitted by ``KinesisToSparkOperator`` (spark-submit) with::
 
     kinesis_batch.py --plan-file PLAN.json --report-file REPORT.json [--transform module:function]
 
-* One Spark task per shard range: a DataFrame of ranges read with ``mapInArrow`` (works classic
-  and over Spark Connect). Each task reads its range with ``airflow_kinesis_spark.core.reader``.
+* A DataFrame of shard ranges read with ``mapInArrow`` (works classic and over Spark Connect),
+  in as many tasks as Spark runs at once (``--read-tasks``, default: the default parallelism,
+  at most one per range). Each task reads all of its ranges at the same time, one thread per
+  range (``airflow_kinesis_spark.core.reader.read_concurrently``): reading Kinesis is waiting on
+  each shard's read budget, so every shard is kept busy even with fewer cores than shards.
 * The read is cached on disk, so Kinesis is read once per batch: the per-shard reports are
   collected from it, then the records are transformed and written from it.
 * Output: Spark's Parquet writer, mode ``overwrite``, at the plan's ``output_location`` (derived
@@ -58,7 +61,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--transform", default=None, help="optional module:function, DataFrame -> DataFrame")
     parser.add_argument("--limit", type=int, default=10_000, help="GetRecords Limit (1..10,000)")
     parser.add_argument("--min-call-interval", type=float, default=0.2, help="seconds between GetRecords calls per shard")
+    parser.add_argument("--read-bytes-per-second", type=float, default=2 * 1024 * 1024,
+                        help="per-shard read budget the readers pace themselves to (0: no pacing)")
+    parser.add_argument("--read-tasks", type=int, default=0, help="Spark tasks reading the ranges (0: default parallelism)")
     return parser.parse_args(argv)
+
+
+def reader_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The readers' settings from the command line (also what the Spark Connect path passes)."""
+    return {
+        "limit": args.limit,
+        "min_call_interval": args.min_call_interval,
+        "read_bytes_per_second": args.read_bytes_per_second or None,
+        "read_tasks": args.read_tasks or None,
+    }
 
 
 def build_session(app_name: str) -> Any:
@@ -72,16 +88,18 @@ def build_session(app_name: str) -> Any:
     )
 
 
-def make_reader_function(stream_name: str, aws_env: dict[str, str], limit: int, min_call_interval: float) -> Callable:
-    """The ``mapInArrow`` function: each input row is one shard range (JSON)."""
+def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dict[str, Any]) -> Callable:
+    """The ``mapInArrow`` function: each input row is one shard range (JSON); all ranges of a
+    task are read at the same time."""
 
     def read_ranges(batches: Iterator[Any]) -> Iterator[Any]:
         import boto3
         import pyarrow as pa
         from botocore.config import Config
 
-        from airflow_kinesis_spark.core.reader import ShardRange, ShardReader
+        from airflow_kinesis_spark.core.reader import ShardRange, ShardReader, read_concurrently
 
+        ranges = [ShardRange.from_dict(json.loads(r)) for batch in batches for r in batch.column(0).to_pylist()]
         session = boto3.session.Session(
             aws_access_key_id=aws_env.get("AWS_ACCESS_KEY_ID"),
             aws_secret_access_key=aws_env.get("AWS_SECRET_ACCESS_KEY"),
@@ -92,7 +110,10 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], limit: int, 
             "kinesis",
             endpoint_url=aws_env.get("AWS_ENDPOINT_URL_KINESIS") or aws_env.get("AWS_ENDPOINT_URL"),
             verify=aws_env.get("AWS_CA_BUNDLE") or None,
-            config=Config(retries={"mode": "standard", "max_attempts": 10}, connect_timeout=10, read_timeout=60),
+            config=Config(
+                retries={"mode": "standard", "max_attempts": 10}, connect_timeout=10, read_timeout=60,
+                max_pool_connections=max(10, 2 * len(ranges)),
+            ),
         )
         schema = pa.schema(
             [
@@ -108,52 +129,75 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], limit: int, 
                 ("_report", pa.string()),
             ]
         )
-        for batch in batches:
-            for range_json in batch.column(0).to_pylist():
-                reader = ShardReader(
-                    client, stream_name, ShardRange.from_dict(json.loads(range_json)),
-                    limit=limit, min_call_interval=min_call_interval,
-                )  # fmt: skip
-                for page in reader.pages():
-                    n = len(page)
-                    yield pa.RecordBatch.from_arrays(
-                        [
-                            pa.array([stream_name] * n, pa.string()),
-                            pa.array([r.shard_id for r in page], pa.string()),
-                            pa.array([r.sequence_number for r in page], pa.string()),
-                            pa.array([r.sub_sequence_number for r in page], pa.int64()),
-                            pa.array([r.partition_key for r in page], pa.string()),
-                            pa.array([r.explicit_hash_key for r in page], pa.string()),
-                            pa.array([r.approximate_arrival_timestamp for r in page], pa.timestamp("us", tz="UTC")),
-                            pa.array([r.data for r in page], pa.binary()),
-                            pa.array([r.quarantine_reason for r in page], pa.string()),
-                            pa.nulls(n, pa.string()),
-                        ],
-                        schema=schema,
-                    )
+        readers = [
+            ShardReader(
+                client, stream_name, rng, limit=options["limit"], min_call_interval=options["min_call_interval"],
+                read_bytes_per_second=options.get("read_bytes_per_second"),
+            )
+            for rng in ranges
+        ]  # fmt: skip
+        for reader, page in read_concurrently(readers):
+            if page is None:
                 assert reader.report is not None
                 report = json.dumps(reader.report.to_dict())
                 row = [pa.nulls(1, f.type) for f in schema][:-1] + [pa.array([report], pa.string())]
                 yield pa.RecordBatch.from_arrays(row, schema=schema)
+                continue
+            n = len(page)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([stream_name] * n, pa.string()),
+                    pa.array([r.shard_id for r in page], pa.string()),
+                    pa.array([r.sequence_number for r in page], pa.string()),
+                    pa.array([r.sub_sequence_number for r in page], pa.int64()),
+                    pa.array([r.partition_key for r in page], pa.string()),
+                    pa.array([r.explicit_hash_key for r in page], pa.string()),
+                    pa.array([r.approximate_arrival_timestamp for r in page], pa.timestamp("us", tz="UTC")),
+                    pa.array([r.data for r in page], pa.binary()),
+                    pa.array([r.quarantine_reason for r in page], pa.string()),
+                    pa.nulls(n, pa.string()),
+                ],
+                schema=schema,
+            )
 
     return read_ranges
 
 
-def read_batch(spark: Any, plan: dict[str, Any], aws_env: dict[str, str], limit: int, min_call_interval: float) -> Any:
+def default_parallelism(spark: Any) -> int | None:
+    """How many tasks the cluster runs at once, when Spark says (classic sessions; a Spark
+    Connect client has no SparkContext and may not know)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext
+        pass
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+        return int(value) if value else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def read_batch(spark: Any, plan: dict[str, Any], aws_env: dict[str, str], options: dict[str, Any]) -> Any:
     """A DataFrame of the batch's user records plus one ``_report`` row per shard range."""
     from pyspark.sql import functions as F
 
     ranges = [json.dumps(r, sort_keys=True) for r in plan["ranges"]]
     n = len(ranges)
-    range_df = spark.range(0, n, 1, n).select(
+    tasks = options.get("read_tasks") or default_parallelism(spark) or n
+    tasks = max(1, min(n, tasks))
+    log.info("batch %s: %d shard ranges read by %d Spark tasks", plan["batch_id"], n, tasks)
+    range_df = spark.range(0, n, 1, tasks).select(
         F.element_at(F.array(*[F.lit(r) for r in ranges]), (F.col("id") + 1).cast("int")).alias("range")
     )
-    reader = make_reader_function(plan["stream_name"], aws_env, limit, min_call_interval)
+    reader = make_reader_function(plan["stream_name"], aws_env, options)
     return range_df.mapInArrow(reader, RAW_SCHEMA)
 
 
-def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], limit: int, min_call_interval: float) -> dict[str, Any]:
-    """Read, write and report one batch; returns the report document."""
+def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+    """Read, write and report one batch; returns the report document.
+
+    :param options: the readers' settings, as :func:`reader_options` builds them.
+    """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -161,7 +205,7 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
     # Also over Spark Connect, where the session is the server's: UTC and standard Parquet timestamps.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    raw = read_batch(spark, plan, aws_env, limit, min_call_interval).persist(StorageLevel.DISK_ONLY)
+    raw = read_batch(spark, plan, aws_env, options).persist(StorageLevel.DISK_ONLY)
     try:
         reports = [json.loads(r[0]) for r in raw.where(F.col("_report").isNotNull()).select("_report").collect()]
         read_seconds = time.monotonic() - started
@@ -204,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     aws_env = {k: os.environ[k] for k in AWS_ENV_VARS if os.environ.get(k)}
     spark = build_session(f"kinesis-batch-{plan['stream_name']}-{plan['consumer_name']}-{plan['batch_id']}")
     try:
-        result = run(spark, plan, transform, aws_env, args.limit, args.min_call_interval)
+        result = run(spark, plan, transform, aws_env, reader_options(args))
     finally:
         spark.stop()
     tmp = args.report_file + ".tmp"

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import queue
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -51,7 +53,10 @@ __all__ = [
     "ShardReport",
     "ShardReader",
     "deaggregate",
+    "read_concurrently",
     "GET_RECORDS_MAX_LIMIT",
+    "GET_RECORDS_MAX_BYTES",
+    "READ_BYTES_PER_SECOND",
     "THROTTLING_ERRORS",
 ]
 
@@ -59,6 +64,16 @@ __all__ = [
 GET_RECORDS_MAX_LIMIT = 10_000
 #: GetRecords may be called 5 times per second per shard (Kinesis API reference, GetRecords).
 MIN_CALL_INTERVAL_S = 0.2
+#: A shard serves at most 2 MiB of data per second to GetRecords; a call that returns B bytes
+#: uses B / 2 MiB seconds of the shard's budget, so after a 10 MiB response the next 5 seconds
+#: of calls are throttled (Kinesis API reference, GetRecords).
+READ_BYTES_PER_SECOND = 2 * 1024 * 1024
+#: GetRecords returns at most 10 MiB per call (Kinesis API reference, GetRecords).
+GET_RECORDS_MAX_BYTES = 10 * 1024 * 1024
+#: What the adaptive ``Limit`` aims a response at: two seconds of a shard's read budget. Larger
+#: responses amortise each call's round trip over more data (the pause before the next call is
+#: counted from when the response arrived); smaller ones hold less in memory.
+TARGET_RESPONSE_BYTES = 4 * 1024 * 1024
 #: Errors that mean "slow down", retried with exponential backoff and full jitter.
 THROTTLING_ERRORS = frozenset(
     {"ProvisionedThroughputExceededException", "KMSThrottlingException", "LimitExceededException"}
@@ -235,6 +250,10 @@ class ShardReport:
     :param out_of_range: aggregated user records whose explicit hash key (or the MD5 of their
         partition key) is outside the shard's hash key range; kept, as the KCL does not
         (awslabs/amazon-kinesis-client #343).
+    :param read_started: when the read began (seconds since the epoch), for throughput figures.
+    :param read_ended: when it stopped (seconds since the epoch).
+    :param response_bytes: data bytes of every Kinesis record GetRecords returned, read or not
+        (what the service's 2 MiB/s per-shard read limit counts).
     """
 
     shard_id: str
@@ -255,6 +274,9 @@ class ShardReport:
     quarantined: int = 0
     out_of_range: int = 0
     slice_index: int = 0
+    read_started: float | None = None
+    read_ended: float | None = None
+    response_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -276,6 +298,9 @@ class ShardReport:
             "slice_index": self.slice_index,
             "quarantined": self.quarantined,
             "out_of_range": self.out_of_range,
+            "read_started": self.read_started,
+            "read_ended": self.read_ended,
+            "response_bytes": self.response_bytes,
         }
 
     @classmethod
@@ -342,6 +367,9 @@ class _Progress:
     out_of_range: int = 0
     first_arrival: datetime | None = None
     last_arrival: datetime | None = None
+    response_bytes: int = 0
+    read_started: float | None = None
+    read_ended: float | None = None
 
 
 class ShardReader:
@@ -356,10 +384,18 @@ class ShardReader:
     :param limit: ``Limit`` of each GetRecords call, 1..10,000.
     :param min_call_interval: seconds between two GetRecords calls on this shard (5 per second
         per shard is the service limit).
+    :param read_bytes_per_second: the shard's read budget (2 MiB/s is the service limit): after
+        a response of B bytes the next GetRecords waits B / budget seconds, counted from the
+        response's arrival, so a paced reader does not run into
+        ``ProvisionedThroughputExceededException``. ``None``: no byte pacing (an emulator without limits).
+    :param target_response_bytes: the adaptive ``Limit`` asks for about this many bytes per call,
+        from the mean Kinesis record size seen so far (never more than ``limit`` records, and at
+        most 10 MiB, the service's cap of one response).
     :param max_throttle_retries: retries of one call on a throttling error before giving up.
     :param backoff_base: seconds; the n-th retry sleeps uniform(0, min(backoff_cap, base * 2**n)).
     :param backoff_cap: seconds.
     :param sleep: injectable ``time.sleep``.
+
     A corrupt KPL aggregate does not stop the read: it is yielded as one record with
     ``quarantine_reason`` set and counted in the report's ``quarantined``.
 
@@ -374,6 +410,8 @@ class ShardReader:
         *,
         limit: int = GET_RECORDS_MAX_LIMIT,
         min_call_interval: float = MIN_CALL_INTERVAL_S,
+        read_bytes_per_second: float | None = READ_BYTES_PER_SECOND,
+        target_response_bytes: int = TARGET_RESPONSE_BYTES,
         max_throttle_retries: int = 12,
         backoff_base: float = 0.25,
         backoff_cap: float = 10.0,
@@ -387,12 +425,17 @@ class ShardReader:
         self.range = shard_range
         self.limit = limit
         self.min_call_interval = min_call_interval
+        if read_bytes_per_second is not None and read_bytes_per_second <= 0:
+            raise ValueError(f"read_bytes_per_second must be > 0 or None, got {read_bytes_per_second}")
+        self.read_bytes_per_second = read_bytes_per_second
+        self.target_response_bytes = max(1, min(int(target_response_bytes), GET_RECORDS_MAX_BYTES))
+        self.last_response_bytes = 0
         self.max_throttle_retries = max_throttle_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self._sleep = sleep
         self._clock = clock
-        self._last_call: float | None = None
+        self._ready_at: float | None = None
         self.report: ShardReport | None = None
         self.next_iterator: str | None = None
         self._p = _Progress()
@@ -415,12 +458,30 @@ class ShardReader:
         return {"StreamName": self.stream_name, "ShardId": self.range.shard_id, **start.iterator_kwargs()}
 
     def records_request(self, iterator: str) -> dict[str, Any]:
-        """``GetRecords`` arguments; ``Limit`` never asks for more than the record cap leaves."""
+        """``GetRecords`` arguments.
+
+        ``Limit`` adapts: once records were seen, it asks for about ``target_response_bytes``
+        at their mean size; it never asks for more than the record cap leaves, nor more than
+        ``limit``.
+        """
+        p = self._p
         limit = self.limit
+        if p.kinesis_records:
+            mean = max(1.0, p.kinesis_bytes / p.kinesis_records)
+            limit = max(1, min(limit, int(self.target_response_bytes / mean)))
         if self.range.max_records is not None:
-            limit = max(1, min(limit, self.range.max_records - self._p.records))
-        self._p.calls += 1
+            limit = max(1, min(limit, self.range.max_records - p.records))
+        p.calls += 1
         return {"ShardIterator": iterator, "Limit": limit}
+
+    def pause_after_response(self) -> float:
+        """Seconds to wait, from a GetRecords response's arrival, before the next GetRecords:
+        at least ``min_call_interval``, and the time the shard's read budget needs to pay for
+        the response's bytes."""
+        pause = self.min_call_interval
+        if self.read_bytes_per_second:
+            pause = max(pause, self.last_response_bytes / self.read_bytes_per_second)
+        return pause
 
     def throttle_delay(self, error_code: str, attempt: int) -> float | None:
         """Seconds to wait before retry ``attempt`` (0-based) of a call that failed with
@@ -453,6 +514,8 @@ class ShardReader:
         self._p.millis_behind_latest = response.get("MillisBehindLatest")
         page: list[UserRecord] = []
         records = response.get("Records", [])
+        self.last_response_bytes = sum(len(r["Data"]) for r in records)
+        self._p.response_bytes += self.last_response_bytes
         for record in records:
             if self._take(record, self._cutoff, self._ending, page):
                 return page
@@ -487,6 +550,9 @@ class ShardReader:
             slice_index=rng.slice_index,
             quarantined=p.quarantined,
             out_of_range=p.out_of_range,
+            read_started=p.read_started,
+            read_ended=p.read_ended,
+            response_bytes=p.response_bytes,
         )
         return self.report
 
@@ -510,23 +576,29 @@ class ShardReader:
     def pages(self) -> Iterator[list[UserRecord]]:
         """Yield the user records of the range, one list per GetRecords response."""
         started = time.monotonic()
+        self._p.read_started = time.time()
         self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
         while not self.done:
-            if self._last_call is not None and self.min_call_interval > 0:
-                wait = self.min_call_interval - (self._clock() - self._last_call)
+            if self._ready_at is not None:
+                wait = self._ready_at - self._clock()
                 if wait > 0:
                     self._sleep(wait)
             try:
                 response = self._call("get_records", **self.records_request(self.next_iterator))  # type: ignore[arg-type]
             except self.client.exceptions.ExpiredIteratorException:
                 self.iterator_expired()
+                self._ready_at = self._clock() + self.min_call_interval
                 self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
                 continue
-            finally:
-                self._last_call = self._clock()
+            except BaseException:
+                self._ready_at = self._clock() + self.min_call_interval
+                raise
             page = self.accept(response)
+            # Counted from the response's arrival: the service charged the bytes before we got them.
+            self._ready_at = self._clock() + self.pause_after_response()
             if page:
                 yield page
+        self._p.read_ended = time.time()
         report = self.finish()
         p = self._p
         log.info(
@@ -615,6 +687,62 @@ class ShardReader:
         assert self.report is not None
         return out, self.report
 
+
+def read_concurrently(readers: list[ShardReader], pages_per_reader: int = 2) -> Iterator[tuple[ShardReader, list[UserRecord] | None]]:
+    """Run several readers at once, one thread each, and interleave their pages.
+
+    Reading Kinesis is waiting (each shard's read budget, network round trips), so one process
+    keeps every shard of its ranges busy with threads, whatever the number of CPU cores. Yields
+    ``(reader, page)`` for each page and ``(reader, None)`` once a reader finished (its
+    ``report`` is then set). Pages of one reader come in order.
+
+    Memory is bounded: at most ``pages_per_reader`` pages per reader wait to be consumed; a
+    reader blocks (and stops calling GetRecords) until the consumer catches up.
+
+    :raises Exception: the first error of any reader, after the other readers were told to stop.
+    """
+    if not readers:
+        return
+    pending: queue.Queue = queue.Queue(maxsize=max(1, pages_per_reader) * len(readers))
+    stop = threading.Event()
+    done = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                pending.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work(reader: ShardReader) -> None:
+        try:
+            for page in reader.pages():
+                if not put((reader, page)):
+                    return
+            put((reader, done))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
+            put((reader, err))
+
+    threads = [threading.Thread(target=work, args=(r,), name=f"read-{r.range.shard_id}", daemon=True) for r in readers]
+    for thread in threads:
+        thread.start()
+    running = len(readers)
+    try:
+        while running:
+            reader, item = pending.get()
+            if item is done:
+                running -= 1
+                yield reader, None
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield reader, item
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
 
 
 def probe_reader(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReader:

@@ -31,6 +31,9 @@ def _plan(kinesis, stream: str, output: Path, cutoff: datetime | None = None):
     ).to_dict()  # fmt: skip
 
 
+OPTIONS = {"limit": 10_000, "min_call_interval": 0.0, "read_bytes_per_second": None, "read_tasks": None}
+
+
 def _aws_env(endpoint: str) -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": TEST_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": TEST_SECRET_KEY,
             "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL_KINESIS": endpoint}  # fmt: skip
@@ -40,7 +43,7 @@ def test_job_writes_every_record_once_with_the_documented_schema(spark, kinesis,
     create_stream(kinesis, unique_name, 3)
     produced = put_plain(kinesis, unique_name, [(f"k{i}", f"plain {i}".encode()) for i in range(200)])
     produced += put_aggregated(kinesis, unique_name, [(f"k{i % 9}", f"agg {i}".encode()) for i in range(300)])
-    result = job.run(spark, _plan(kinesis, unique_name, tmp_path), None, _aws_env(moto_endpoint), 10_000, 0.0)
+    result = job.run(spark, _plan(kinesis, unique_name, tmp_path), None, _aws_env(moto_endpoint), OPTIONS)
     assert result["records"] == 500 and len(result["reports"]) == 3
     df = spark.read.parquet(result["output_location"])
     assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == [
@@ -58,7 +61,7 @@ def test_job_with_no_records_before_the_cutoff_writes_nothing(spark, kinesis, mo
     create_stream(kinesis, unique_name, 1)
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=5)  # before every record
     put_plain(kinesis, unique_name, [("k", b"late")])
-    result = job.run(spark, _plan(kinesis, unique_name, tmp_path, cutoff), None, _aws_env(moto_endpoint), 10_000, 0.0)
+    result = job.run(spark, _plan(kinesis, unique_name, tmp_path, cutoff), None, _aws_env(moto_endpoint), OPTIONS)
     assert result["records"] == 0 and result["output_location"] is None
     assert result["reports"][0]["stop_reason"] == "cutoff"
     assert not (tmp_path / "batch_id=1").exists()

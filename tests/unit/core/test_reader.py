@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -174,6 +175,7 @@ class Sleeps(list):
 def read(client: FakeKinesis, rng: ShardRange, **kwargs: Any) -> tuple[list[UserRecord], ShardReport, Sleeps]:
     sleeps = Sleeps()
     kwargs.setdefault("min_call_interval", 0)
+    kwargs.setdefault("read_bytes_per_second", None)
     reader = ShardReader(client, STREAM, rng, sleep=sleeps, **kwargs)
     records, report = reader.read_all()
     assert_report_valid(rng, report, records)
@@ -723,3 +725,108 @@ def test_nothing_after_shard_end():
 def test_shard_range_round_trip():
     rng = make_range(Checkpoint.at(seq(3), 1), cutoff=T0, ending=seq(9), max_records=5, max_bytes=100)
     assert ShardRange.from_dict(json.loads(json.dumps(rng.to_dict()))) == rng
+
+
+class FakeClock:
+    """``time.monotonic`` that only moves when the reader sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_byte_pacing_pays_each_response_before_the_next_call():
+    """After a response of B bytes the next GetRecords waits B / (2 MiB/s): the per-shard read
+    limit is never exceeded, so the service has nothing to throttle."""
+    mib = 1024 * 1024
+    client = FakeKinesis([plain(i, b"x" * mib) for i in range(12)])
+    clock = FakeClock()
+    reader = ShardReader(client, STREAM, make_range(), limit=3, target_response_bytes=3 * mib,
+                         sleep=clock.sleep, clock=clock)  # fmt: skip
+    records, report = reader.read_all()
+    assert len(records) == 12 and report.response_bytes == 12 * mib
+    # 4 responses of 3 MiB, then the empty caught-up response: 1.5 s before each call after a full one.
+    assert clock.sleeps == [1.5, 1.5, 1.5, 1.5]
+    # The shard's budget (2 MiB/s) over the whole read, as the service counts it.
+    assert report.response_bytes / clock.now <= 2 * mib
+
+
+def test_byte_pacing_never_calls_faster_than_five_per_second():
+    client = FakeKinesis([plain(i) for i in range(5)])
+    clock = FakeClock()
+    ShardReader(client, STREAM, make_range(), limit=1, sleep=clock.sleep, clock=clock).read_all()
+    assert clock.sleeps and all(s >= 0.2 - 1e-9 for s in clock.sleeps)
+
+
+def test_byte_pacing_can_be_switched_off_for_unlimited_emulators():
+    client = FakeKinesis([plain(i, b"x" * 1024 * 1024) for i in range(4)])
+    clock = FakeClock()
+    ShardReader(client, STREAM, make_range(), limit=2, min_call_interval=0, read_bytes_per_second=None,
+                sleep=clock.sleep, clock=clock).read_all()  # fmt: skip
+    assert all(s == 0 for s in clock.sleeps)
+
+
+def test_limit_adapts_to_the_record_size():
+    """The first call asks for ``limit`` records; later ones for about ``target_response_bytes``."""
+    client = FakeKinesis([plain(i, b"y" * 1000) for i in range(100)])
+    _, report, _ = read(client, make_range(), limit=5, target_response_bytes=20_000)
+    limits = [kwargs["Limit"] for op, kwargs in client.calls if op == "get_records"]
+    assert limits[0] == 5 and limits[1:] == [5] * (len(limits) - 1)  # capped by ``limit``
+    client = FakeKinesis([plain(i, b"y" * 1000) for i in range(100)])
+    read(client, make_range(), limit=10_000, target_response_bytes=20_000)
+    limits = [kwargs["Limit"] for op, kwargs in client.calls if op == "get_records"]
+    assert limits[0] == 10_000 and set(limits[1:]) == {20}
+    assert report.records == 100
+
+
+def test_response_bytes_count_records_past_the_cutoff():
+    """The service charges every byte it returned, also records the range does not take."""
+    records = [plain(i, b"z" * 100) for i in range(10)]
+    client = FakeKinesis(records)
+    _, report, _ = read(client, make_range(cutoff=T0 + timedelta(seconds=5)))
+    assert report.records == 5 and report.bytes == 500
+    assert report.response_bytes >= 1000
+
+
+def test_read_concurrently_interleaves_ranges_and_keeps_each_in_order():
+    from airflow_kinesis_spark.core.reader import read_concurrently
+
+    clients = [FakeKinesis([plain(i) for i in range(n)]) for n in (7, 0, 13)]
+    readers = [ShardReader(c, STREAM, make_range(), limit=2, min_call_interval=0, read_bytes_per_second=None)
+               for c in clients]  # fmt: skip
+    seen: dict[int, list[str]] = {id(r): [] for r in readers}
+    finished = []
+    for reader, page in read_concurrently(readers):
+        if page is None:
+            finished.append(reader)
+            assert reader.report is not None
+        else:
+            seen[id(reader)] += [r.sequence_number for r in page]
+    assert sorted(map(id, finished)) == sorted(map(id, readers))
+    for reader, n in zip(readers, (7, 0, 13)):
+        assert seen[id(reader)] == [seq(i) for i in range(n)]
+        assert reader.report.records == n
+
+
+def test_read_concurrently_raises_the_first_error_and_stops_the_others():
+    from airflow_kinesis_spark.core.reader import read_concurrently
+
+    good = FakeKinesis([plain(i) for i in range(50)])
+    bad = FakeKinesis([plain(i) for i in range(5)])
+    bad.faults["get_records"] = [client_error("AccessDeniedException")]
+    readers = [ShardReader(c, STREAM, make_range(), limit=1, min_call_interval=0.01, read_bytes_per_second=None)
+               for c in (good, bad)]  # fmt: skip
+    with pytest.raises(ClientError, match="AccessDenied"):
+        for _ in read_concurrently(readers):
+            pass
+    calls = len(good.calls)
+    time.sleep(0.1)
+    assert len(good.calls) == calls  # the other reader stopped calling Kinesis
