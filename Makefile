@@ -9,7 +9,7 @@ NODE_DIR := .cache/node
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv lock demo demo-resharding demo-backfill test test-fast test-reliability kinesalite java clean
+.PHONY: venv lock demo demo-resharding demo-backfill test test-fast test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -33,6 +33,14 @@ java:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
 	fi
 
+# PostgreSQL server binaries for the deployment test (tests/deployment: Airflow's scheduler with the
+# LocalExecutor needs a real database); install them from the distribution's packages when missing.
+postgres:
+	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  echo "PostgreSQL not found: installing postgresql"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	fi
+
 # kinesalite (a second, more faithful Kinesis emulator) for the integration tests.
 kinesalite: $(NODE_DIR)/node_modules/.bin/kinesalite
 $(NODE_DIR)/node_modules/.bin/kinesalite:
@@ -52,7 +60,7 @@ demo-backfill: venv
 demo-resharding: venv kinesalite
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m demo.run_resharding
 
-test: venv kinesalite
+test: venv kinesalite postgres
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q
 
 # The reliability suite alone (crash points, 50 seeded random kills, faults, concurrency, bad input).
@@ -61,6 +69,10 @@ test-reliability: venv kinesalite
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
+
+# The Sphinx documentation (docs/), API reference included; any warning fails the build.
+docs: venv
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 clean:
 	rm -rf $(VENV) .cache build dist demo_output

@@ -112,3 +112,17 @@ def airflow(args: list[str], env: dict[str, str], log_file: Path | None = None, 
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
         raise RuntimeError(f"airflow {' '.join(args)} failed ({proc.returncode}):\n{tail}")
     return proc
+
+
+@contextmanager
+def spark_connect_server(cores: int | str = 2, timeout: float = 120.0) -> Iterator[tuple[str, int]]:
+    """A Spark Connect server (from the pyspark distribution, ``local[cores]``) on a free port of
+    127.0.0.1; yields ``(host, port)`` for a ``spark_connect`` connection."""
+    port = free_port()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    command = [str(BIN / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+               "--master", f"local[{cores}]", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+               "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
+               "--conf", "spark.sql.session.timeZone=UTC", "spark-internal"]  # fmt: skip
+    with local_server(command, port, "Spark Connect server", timeout=timeout, env=env):
+        yield "127.0.0.1", port

@@ -141,18 +141,10 @@ def kpl_vectors() -> list[dict]:
 @pytest.fixture(scope="session")
 def spark_connect_endpoint() -> Iterator[tuple[str, int]]:
     """A Spark Connect server (from the pyspark distribution) on a free port of 127.0.0.1."""
-    port = free_port()
-    spark_submit = str(Path(sys.executable).parent / "spark-submit")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.Popen(
-        [spark_submit, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]",
-         "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", f"spark.connect.grpc.binding.port={port}",
-         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC", "spark-internal"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
-    _wait_for_port(port, proc, "Spark Connect server", timeout=120)
-    yield "127.0.0.1", port
-    _stop(proc)
+    from demo.stack import spark_connect_server
+
+    with spark_connect_server(cores=2) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -161,3 +153,16 @@ def spark_connect_conn(monkeypatch, spark_connect_endpoint) -> str:
     host, port = spark_connect_endpoint
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": host, "port": port}))
     return "spark_connect_test"
+
+
+@pytest.fixture(scope="session")
+def spark_standalone(tmp_path_factory):
+    """A Spark standalone master and worker (2 cores, 1g) on 127.0.0.1, from the pyspark distribution.
+
+    Yields a ``demo.spark_cluster.StandaloneCluster``; logs and the worker's work dir stay under
+    the session's temporary directory for a failing test to be looked at.
+    """
+    from demo.spark_cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("spark-standalone"), cores=2, memory="1g") as cluster:
+        yield cluster

@@ -2,21 +2,22 @@
 
 Layout (one table, created on first use with on-demand billing; any number of consumers):
 
-=================================  =========================================================
-key (``pk``, ``sk``)               item
-=================================  =========================================================
-``{stream}|{consumer}``, ``HEAD``  the head: ``committed_batch_id``, ``committed_owner``,
-                                   ``committed_plan_owner``, ``pending_batch_id``, ``pending_plan_owner``,
-                                   ``pending_owner``, ``pending_report_owner``
-``..., BATCH#{id}#PLAN#{owner}#n`` chunk ``n`` of a batch's plan (JSON, at most 350 KB a chunk)
-``..., BATCH#{id}#REPORT#{owner}#n`` chunk ``n`` of the job's per-shard report
-``..., BATCH#{id}#CKPT#{owner}#n`` chunk ``n`` of every checkpoint after the batch
-``..., LEASE#{shard id}``          per-shard mirror in the KCL's attribute names (``leaseKey``,
-                                   ``leaseOwner`` = consumer, ``checkpoint``,
-                                   ``checkpointSubSequenceNumber``) plus ``batchId`` and, for
-                                   ``AT_TIMESTAMP``, ``checkpointTimestamp``: for people and
-                                   tools; not authoritative, written after the commit
-=================================  =========================================================
+====================================  =========================================================
+key (``pk``, ``sk``)                  item
+====================================  =========================================================
+``{stream}|{consumer}``, ``HEAD``     the head: ``committed_batch_id``, ``committed_owner``,
+                                      ``committed_plan_owner``, ``pending_batch_id``,
+                                      ``pending_plan_owner``, ``pending_owner``,
+                                      ``pending_report_owner``
+``..., BATCH#{id}#PLAN#{owner}#n``    chunk ``n`` of a batch's plan (JSON, at most 350 KB a chunk)
+``..., BATCH#{id}#REPORT#{owner}#n``  chunk ``n`` of the job's per-shard report
+``..., BATCH#{id}#CKPT#{owner}#n``    chunk ``n`` of every checkpoint after the batch
+``..., LEASE#{shard id}``             per-shard mirror in the KCL's attribute names (``leaseKey``,
+                                      ``leaseOwner`` = consumer, ``checkpoint``,
+                                      ``checkpointSubSequenceNumber``) plus ``batchId`` and, for
+                                      ``AT_TIMESTAMP``, ``checkpointTimestamp``: for people and
+                                      tools; not authoritative, written after the commit
+====================================  =========================================================
 
 Chunks are keyed by the writer (``owner``), so two writers never overwrite each other's items;
 only the head says which ones count. Every state change of the head is one conditional

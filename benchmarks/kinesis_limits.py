@@ -1,0 +1,227 @@
+"""A proxy in front of a Kinesis emulator that enforces the service's per-shard read limits.
+
+The emulators serve as fast as they can; Amazon Kinesis Data Streams does not. This proxy
+answers like the service (Kinesis API reference, GetRecords and GetShardIterator):
+
+* **5 GetRecords calls per second per shard**: a sixth call within one second is answered with
+  ``ProvisionedThroughputExceededException`` (HTTP 400);
+* **2 MiB per second per shard**: every GetRecords response adds its data bytes to the shard's
+  debt, which drains at 2 MiB/s; a call arriving while the shard is in debt is throttled. So after
+  a 10 MiB response the next 5 seconds of calls are throttled, as the API reference says;
+* **at most 10 MiB and 10,000 records per response**: a larger ``Limit`` is an
+  ``InvalidArgumentException``; a response over 10 MiB is cut after the last record that fits
+  (at least one), with a ``NextShardIterator`` just after it;
+* **5 GetShardIterator calls per second per shard**;
+* **shard iterators expire 5 minutes** after they were issued: ``ExpiredIteratorException``.
+
+Everything else passes through. Throttled calls are never forwarded (they cost nothing
+upstream). Counts per operation and outcome are kept in :attr:`ThrottlingProxy.stats`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+
+from demo.proxy import ForwardingProxy
+
+__all__ = ["ThrottlingProxy", "KinesisLimits"]
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class KinesisLimits:
+    """The per-shard limits enforced (defaults: the service's, Kinesis API reference)."""
+
+    get_records_per_second: int = 5
+    read_bytes_per_second: float = 2 * MIB
+    max_response_bytes: int = 10 * MIB
+    max_limit: int = 10_000
+    get_shard_iterator_per_second: int = 5
+    iterator_ttl_seconds: float = 300.0
+    #: ``False``: only the response caps (10 MiB, 10,000 records) and iterator expiry apply.
+    throttle: bool = True
+
+
+@dataclass
+class _Shard:
+    get_records: deque = field(default_factory=deque)
+    get_shard_iterator: deque = field(default_factory=deque)
+    debt: float = 0.0
+    debt_at: float = 0.0
+
+
+class ThrottlingProxy(ForwardingProxy):
+    """Start with :meth:`start` (or ``with``); ``endpoint`` is its URL.
+
+    :param upstream: the emulator's URL.
+    :param limits: what to enforce.
+    """
+
+    def __init__(self, upstream: str, limits: KinesisLimits | None = None) -> None:
+        super().__init__(upstream)
+        self.limits = limits or KinesisLimits()
+        self.shards: dict[tuple[str, str], _Shard] = {}
+        #: shard iterator -> (stream, shard, monotonic time it was issued)
+        self.iterators: dict[str, tuple[str, str, float]] = {}
+        self.stats: Counter[str] = Counter()
+        #: stream -> [first GetRecords arrival, last GetRecords response] (monotonic seconds)
+        self.read_window: dict[str, list[float]] = {}
+
+    def reset_stats(self) -> None:
+        with self.lock:
+            self.stats.clear()
+            self.read_window.clear()
+
+    def read_rate(self, stream: str) -> float:
+        """Bytes per second served to ``stream``'s GetRecords, from its first call to its last response."""
+        first, last = self.read_window[stream]
+        return self.stats[f"bytes:{stream}"] / max(1e-9, last - first)
+
+    # -- accounting ------------------------------------------------------------------------------
+
+    def _shard(self, stream: str, shard: str) -> _Shard:
+        return self.shards.setdefault((stream, shard), _Shard())
+
+    def _admit(self, state: _Shard, calls: deque, per_second: int, now: float, with_debt: bool) -> bool:
+        """Whether a call arriving ``now`` is within the limits; records it if so."""
+        if not self.limits.throttle:
+            return True
+        while calls and now - calls[0] >= 1.0:
+            calls.popleft()
+        if with_debt:
+            state.debt = max(0.0, state.debt - (now - state.debt_at) * self.limits.read_bytes_per_second)
+            state.debt_at = now
+            if state.debt > 0:
+                return False
+        if len(calls) >= per_second:
+            return False
+        calls.append(now)
+        return True
+
+    def _remember(self, iterator: str | None, stream: str, shard: str) -> None:
+        if iterator:
+            with self.lock:
+                self.iterators[iterator] = (stream, shard, time.monotonic())
+                if len(self.iterators) > 100_000:  # forget the oldest (long expired) ones
+                    for key in list(self.iterators)[:50_000]:
+                        del self.iterators[key]
+
+    # -- the proxy ---------------------------------------------------------------------------------
+
+    def handle(self, request: BaseHTTPRequestHandler, body: bytes, target: str) -> None:
+        operation = target.partition(".")[2]
+        if operation == "GetShardIterator":
+            self._get_shard_iterator(request, body)
+        elif operation == "GetRecords":
+            self._get_records(request, body)
+        else:
+            self.answer(request, *self.forward(request, body))
+
+    def _throttled(self, request: BaseHTTPRequestHandler, operation: str, stream: str, shard: str) -> None:
+        with self.lock:
+            self.stats[f"{operation}.throttled"] += 1
+            self.stats[f"{operation}.throttled:{stream}"] += 1
+        self.answer_error(
+            request, 400, "ProvisionedThroughputExceededException",
+            f"Rate exceeded for shard {shard} in stream {stream} under account 000000000000.",
+        )  # fmt: skip
+
+    def _get_shard_iterator(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+        args = json.loads(body or b"{}")
+        stream, shard = args.get("StreamName", ""), args.get("ShardId", "")
+        with self.lock:
+            self.stats["GetShardIterator"] += 1
+            state = self._shard(stream, shard)
+            admitted = self._admit(state, state.get_shard_iterator, self.limits.get_shard_iterator_per_second,
+                                   time.monotonic(), with_debt=False)  # fmt: skip
+        if not admitted:
+            self._throttled(request, "GetShardIterator", stream, shard)
+            return
+        status, headers, payload = self.forward(request, body)
+        if status == 200:
+            self._remember(json.loads(payload).get("ShardIterator"), stream, shard)
+        self.answer(request, status, headers, payload)
+
+    def _get_records(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+        args = json.loads(body or b"{}")
+        iterator = args.get("ShardIterator", "")
+        limit = args.get("Limit", self.limits.max_limit)
+        with self.lock:
+            self.stats["GetRecords"] += 1
+            known = self.iterators.get(iterator)
+            if known is not None:
+                self.stats[f"GetRecords:{known[0]}"] += 1
+        if not 1 <= int(limit) <= self.limits.max_limit:
+            with self.lock:
+                self.stats["GetRecords.invalid_limit"] += 1
+            self.answer_error(request, 400, "InvalidArgumentException",
+                              f"Limit {limit} is not in 1..{self.limits.max_limit}")  # fmt: skip
+            return
+        if known is None:  # an iterator this proxy did not see issued: pass through
+            with self.lock:
+                self.stats["GetRecords.unknown_iterator"] += 1
+            self.answer(request, *self.forward(request, body))
+            return
+        stream, shard, issued = known
+        now = time.monotonic()
+        if now - issued > self.limits.iterator_ttl_seconds:
+            with self.lock:
+                self.stats["GetRecords.expired"] += 1
+                self.stats[f"GetRecords.expired:{stream}"] += 1
+            self.answer_error(request, 400, "ExpiredIteratorException",
+                              f"Iterator expired: issued {now - issued:.0f} s ago (shard iterators last 300 s)")  # fmt: skip
+            return
+        with self.lock:
+            self.read_window.setdefault(stream, [now, now])
+            state = self._shard(stream, shard)
+            admitted = self._admit(state, state.get_records, self.limits.get_records_per_second, now, with_debt=True)
+        if not admitted:
+            self._throttled(request, "GetRecords", stream, shard)
+            return
+        status, headers, payload = self.forward(request, body)
+        if status != 200:
+            self.answer(request, status, headers, payload)
+            return
+        response = json.loads(payload)
+        records = response.get("Records", [])
+        sizes = [len(base64.b64decode(r["Data"])) for r in records]
+        cut = len(records)
+        total = 0
+        for i, size in enumerate(sizes):
+            if i > 0 and total + size > self.limits.max_response_bytes:
+                cut = i
+                break
+            total += size
+        if cut < len(records):
+            records = records[:cut]
+            response["Records"] = records
+            status2, _, more = self.call_upstream(
+                "POST", "/", json.dumps({"StreamName": stream, "ShardId": shard, "ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
+                                         "StartingSequenceNumber": records[-1]["SequenceNumber"]}).encode(),
+                {"X-Amz-Target": "Kinesis_20131202.GetShardIterator", "Content-Type": "application/x-amz-json-1.1",
+                 "Authorization": request.headers.get("Authorization", "")},
+            )  # fmt: skip
+            if status2 != 200:
+                raise RuntimeError(f"upstream GetShardIterator failed while cutting a response: {more[:200]!r}")
+            response["NextShardIterator"] = json.loads(more)["ShardIterator"]
+            with self.lock:
+                self.stats["GetRecords.cut_at_10MiB"] += 1
+            payload = json.dumps(response).encode()
+        with self.lock:
+            self.stats["GetRecords.ok"] += 1
+            self.stats["GetRecords.bytes"] += total
+            self.stats["GetRecords.records"] += len(records)
+            self.stats[f"bytes:{stream}"] += total
+            self.read_window[stream][1] = time.monotonic()
+            state = self._shard(stream, shard)
+            state.debt = max(0.0, state.debt - (time.monotonic() - state.debt_at) * self.limits.read_bytes_per_second)
+            state.debt += total
+            state.debt_at = time.monotonic()
+        self._remember(response.get("NextShardIterator"), stream, shard)
+        self.answer(request, status, headers, payload)

@@ -1,0 +1,124 @@
+"""Write ``docs/benchmarks.md`` from one ``make bench`` run (every figure comes from ``results``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def write_report(path: Path, results: dict[str, Any], command: str) -> None:
+    t, u, f, m, h = (results[k] for k in ("throttled", "unthrottled", "fixed_cost", "memory", "headline"))
+    ours, naive = t["ours"], t["naive"]
+    v = results["versions"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Produced by `make bench` (`python -m benchmarks.run`); this file is rewritten by every run.",
+        "Nothing here is typed by hand. The code is in `benchmarks/`.",
+        "",
+        f"- Run: `{command}`, started {results['started']}",
+        f"- Machine: {results['machine']}",
+        f"- Versions: Python {v['python']}, Airflow {v['airflow']}, PySpark {v['pyspark']}, moto {v['moto']}, "
+        f"boto3 {v['boto3']}, {v['java']}",
+        f"- Stream: {results['shards']} shards on moto (server mode, 127.0.0.1); records are lines of the shared "
+        "Apache access log, KPL-aggregated into Kinesis records of about 50 KiB.",
+        "- Kinesis traffic goes through `benchmarks/kinesis_limits.py`, a proxy that answers like the service: "
+        "5 GetRecords calls/s and 2 MiB/s per shard (a response of B bytes is a debt that drains at 2 MiB/s; "
+        "a call while in debt is throttled, so a 10 MiB response blocks the shard for 5 s), at most 10 MiB and "
+        "10,000 records per response, 5 GetShardIterator calls/s per shard, shard iterators expire after 5 minutes. "
+        "Unthrottled, only the response caps and the expiry apply.",
+        "- The naive consumer (`benchmarks/workload.py`): one thread, one shard after the other, "
+        "`GetRecords(Limit=10000)` until caught up, aws_kinesis_agg de-aggregation, sleep 1 s when throttled "
+        "(after boto3's own retries).",
+        "- Our operator runs in the benchmark's process (`execute`, as an Airflow worker runs it); "
+        "Spark is `local[*]` with spark-submit (cold) or a Spark Connect server with `local[2]` (warm).",
+        "",
+        "## Headline",
+        "",
+        "```json",
+        json.dumps(h),
+        "```",
+        "",
+        "## 1. Throttled: against the per-shard read limit",
+        "",
+        f"Backlog: {t['backlog_mib']:.1f} MiB ({t['user_records']:,} user records in {t['kinesis_records']:,} Kinesis "
+        f"records) on {results['shards']} shards. The service's ceiling is {results['shards']} x 2 MiB/s = "
+        f"{t['limit_bytes_per_second'] / MIB:.0f} MiB/s, so the backlog cannot be read in less than "
+        f"{t['lower_bound_s']:.1f} s.",
+        "",
+        _row("consumer", "read rate (MiB/s)", "fraction of the limit", "GetRecords calls", "throttled calls",
+             "expired iterators", "wall time (s)"),  # fmt: skip
+        _row(*["---"] * 7),
+        _row("ours (operator, spark-submit)", f"{ours['read_bytes_per_second'] / MIB:.2f}",
+             f"{h['throttled_fraction_of_limit']:.3f}", ours["get_records"], ours["throttled"], ours["expired"],
+             f"{ours['wall_s']:.1f} (end to end)"),  # fmt: skip
+        _row("naive", f"{naive['bytes_per_second'] / MIB:.2f}",
+             f"{naive['bytes_per_second'] / t['limit_bytes_per_second']:.3f}", naive["get_records_calls"],
+             naive["throttled"], 0, f"{naive['seconds']:.1f} (read only)"),  # fmt: skip
+        "",
+        "Our read rate is the bytes the proxy served to the operator's stream divided by the time from its "
+        "first GetRecords call to its last response (the Spark job's read phase; JVM start, Parquet write and "
+        "commit are in the wall time). Throttled calls are counted by the proxy, which also sees the retries "
+        "boto3 makes on its own. "
+        f"Ratio to the naive consumer: **{h['throttled_vs_naive']}x**.",
+        "",
+        "## 2. Unthrottled: end to end against a read-only loop",
+        "",
+        f"Backlog: {u['backlog_mib']:.1f} MiB ({u['user_records']:,} user records). Our figure is the operator's "
+        "whole run (plan, read, Parquet write, commit); the naive consumer only reads and de-aggregates. "
+        "Our readers run without byte pacing here (`read_bytes_per_second=None`: there is no limit to pace to).",
+        "",
+        _row("consumer", "records/s", "wall time (s)", "vs naive"),
+        _row(*["---"] * 4),
+        _row("ours, warm (Spark Connect)", f"{u['ours_warm']['records_per_second']:,.0f}",
+             f"{u['ours_warm']['wall_s']:.1f}", f"{h['unthrottled_vs_naive']}x"),  # fmt: skip
+        _row("ours, cold (spark-submit, JVM start included)", f"{u['ours_cold']['records_per_second']:,.0f}",
+             f"{u['ours_cold']['wall_s']:.1f}", f"{h['unthrottled_cold_vs_naive']}x"),  # fmt: skip
+        _row("naive (read only)", f"{u['naive']['records_per_second']:,.0f}", f"{u['naive']['seconds']:.1f}", "1x"),
+        "",
+        "## 3. Fixed cost per micro-batch",
+        "",
+        "Median of the runs below; a small batch is a few hundred records. Overheads are beyond the no-data run.",
+        "",
+        _row("run", "median (s)", "runs (s)", "overhead beyond the no-data run (s)"),
+        _row(*["---"] * 4),
+        _row("no new records (no Spark job)", f"{f['median_s']['no_data']:.2f}",
+             ", ".join(f"{x:.2f}" for x in f["runs"]["no_data"]), "-"),  # fmt: skip
+        _row("small batch, cold (spark-submit)", f"{f['median_s']['cold']:.2f}",
+             ", ".join(f"{x:.2f}" for x in f["runs"]["cold"]), f"{f['cold_overhead_s']:.2f}"),  # fmt: skip
+        _row("small batch, warm (Spark Connect)", f"{f['median_s']['warm']:.2f}",
+             ", ".join(f"{x:.2f}" for x in f["runs"]["warm"]), f"{f['warm_overhead_s']:.2f}"),  # fmt: skip
+        "",
+        "## 4. Memory",
+        "",
+        "Peak resident memory of the spark-submit job, sampled every 50 ms: its JVM (driver and executor in "
+        "local mode) and the Python workers under it. Reads are streamed (`mapInArrow`, a bounded number of "
+        "GetRecords pages per shard in flight), cached on local disk, and only the per-shard reports reach the "
+        "driver.",
+        "",
+        _row("backlog (MiB)", "records", "peak total (MiB)", "JVM (MiB)", "Python workers (MiB)", "wall time (s)"),
+        _row(*["---"] * 6),
+        *[
+            _row(f"{r['backlog_mib']:.1f}", f"{r['records']:,}", f"{r['peak_total_mib']:.0f}", f"{r['peak_jvm_mib']:.0f}",
+                 f"{r['peak_python_mib']:.0f}", f"{r['wall_s']:.1f}")  # fmt: skip
+            for r in m
+        ],
+        "",
+        f"Ratio of the peaks: **{h['peak_memory_ratio']}** for a {m[1]['backlog_mib'] / m[0]['backlog_mib']:.1f}x "
+        "larger backlog.",
+        "",
+        "## Raw results",
+        "",
+        "```json",
+        json.dumps({k: v for k, v in results.items() if k != "headline"}, indent=1, default=str),
+        "```",
+        "",
+    ]
+    path.write_text("\n".join(lines), encoding="utf-8")

@@ -1,0 +1,302 @@
+"""``make bench``: our operator against the Kinesis read limits and a naive consumer.
+
+    python -m benchmarks.run [--shards 4] [--throttled-mib 160] [--unthrottled-mib 160]
+                             [--memory-mib 40] [--output docs/benchmarks.md]
+
+Everything runs on 127.0.0.1: moto in server mode holds the stream and the checkpoint table;
+Kinesis traffic goes through :class:`benchmarks.kinesis_limits.ThrottlingProxy`, which enforces
+the service's per-shard read limits (throttled) or only its response caps (unthrottled). The
+operator runs in this process, as an Airflow worker runs it (``execute``), with spark-submit
+(cold: a JVM per batch) or over Spark Connect (warm: a running server).
+
+Scenarios (each on its own stream, so each consumer starts at TRIM_HORIZON):
+
+1. **throttled**: S shards, a backlog of B MiB; our operator (default settings: paced to the
+   per-shard limits), then the naive consumer on the same backlog. Read rate = bytes served by
+   the proxy / (last GetRecords response - first GetRecords call) for that stream.
+2. **unthrottled**: the same for a second backlog with no rate limits; our figure is
+   end-to-end (plan, read, Parquet write, commit: the ``execute`` wall time), the naive
+   consumer's is read-only.
+3. **fixed cost per micro-batch**: a run with no new records (no Spark), a small batch cold
+   (spark-submit) and warm (Spark Connect); overheads are beyond the no-data run.
+4. **memory**: peak resident memory of the Spark job (driver JVM and Python workers, sampled
+   every 50 ms) at two backlog sizes 4x apart.
+
+The last line printed is one JSON object with the headline figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import boto3
+import psutil
+
+from benchmarks.kinesis_limits import MIB, KinesisLimits, ThrottlingProxy
+from benchmarks.workload import access_log_lines, load_backlog, naive_consume
+from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, moto_server, spark_connect_server
+
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "1g"}
+
+
+def client(service: str, endpoint: str) -> Any:
+    return boto3.client(service, endpoint_url=endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
+                        aws_secret_access_key=SECRET_KEY)  # fmt: skip
+
+
+def use_connections(moto: str, kinesis_endpoint: str, spark_connect: tuple[str, int] | None) -> None:
+    """Point ``aws_default`` at moto (Kinesis through ``kinesis_endpoint``) and define ``spark_connect_bench``."""
+    os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps({
+        "conn_type": "aws", "login": ACCESS_KEY, "password": SECRET_KEY,
+        "extra": {"region_name": REGION, "endpoint_url": moto,
+                  "service_config": {"kinesis": {"endpoint_url": kinesis_endpoint}}},
+    })  # fmt: skip
+    if spark_connect:
+        os.environ["AIRFLOW_CONN_SPARK_CONNECT_BENCH"] = json.dumps(
+            {"conn_type": "spark_connect", "host": spark_connect[0], "port": spark_connect[1]}
+        )
+
+
+def ingest(stream: str, output: Path, *, connect: bool = False, paced: bool = True) -> tuple[dict[str, Any], float]:
+    """One run of the operator; returns its summary and wall time (seconds)."""
+    from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+
+    operator = KinesisToSparkOperator(
+        task_id="bench", stream_name=stream, consumer_name="bench", checkpoint_table=f"{stream}-ckpt",
+        output_path=str(output), spark_conn_id="spark_connect_bench" if connect else "spark_default",
+        spark_conf=SPARK_CONF, **({} if paced else {"read_bytes_per_second": None}),
+    )  # fmt: skip
+    started = time.monotonic()
+    summary = operator.execute({})
+    return summary, time.monotonic() - started
+
+
+class MemorySampler:
+    """Peak resident memory of the spark-submit job (its JVM and every Python worker under it)."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.peak_total = self.peak_jvm = self.peak_python = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _job_processes(self) -> list[psutil.Process]:
+        roots = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if any("kinesis_batch.py" in part for part in child.cmdline()) and child.name() == "java":
+                    roots.append(child)
+            except psutil.Error:
+                continue
+        procs = []
+        for root in roots:
+            procs.append(root)
+            try:
+                procs.extend(root.children(recursive=True))
+            except psutil.Error:
+                pass
+        return procs
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            jvm = python = 0
+            for proc in self._job_processes():
+                try:
+                    rss = proc.memory_info().rss
+                    if proc.name() == "java":
+                        jvm += rss
+                    else:
+                        python += rss
+                except psutil.Error:
+                    continue
+            self.peak_jvm = max(self.peak_jvm, jvm)
+            self.peak_python = max(self.peak_python, python)
+            self.peak_total = max(self.peak_total, jvm + python)
+            self._stop.wait(self.interval)
+
+
+def new_stream(kinesis: Any, name: str, shards: int) -> None:
+    kinesis.create_stream(StreamName=name, ShardCount=shards)
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 0.2})
+
+
+def check(summary: dict[str, Any], loaded: dict[str, int], what: str) -> None:
+    if summary.get("records") != loaded["user_records"]:
+        raise SystemExit(f"{what}: the operator read {summary.get('records')} records, {loaded['user_records']} were loaded")
+
+
+def versions() -> dict[str, str]:
+    import airflow
+    import moto
+    import pyspark
+
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
+    return {"python": platform.python_version(), "airflow": airflow.__version__, "pyspark": pyspark.__version__,
+            "moto": moto.__version__, "boto3": boto3.__version__, "java": java[0] if java else "?"}  # fmt: skip
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, {platform.system()} {platform.machine()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--throttled-mib", type=float, default=160.0)
+    parser.add_argument("--unthrottled-mib", type=float, default=160.0)
+    parser.add_argument("--memory-mib", type=float, default=40.0, help="the smaller memory backlog; the larger is 4x")
+    parser.add_argument("--small-records", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each fixed-cost measurement (median)")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = parser.parse_args(argv)
+    lines = access_log_lines(ROOT / "data" / "apache_access_log.gz")
+    work = Path(tempfile.mkdtemp(prefix="kinesis-bench-"))
+    os.environ.setdefault("AIRFLOW_HOME", str(work / "airflow"))
+    results: dict[str, Any] = {"machine": machine(), "versions": versions(), "shards": args.shards,
+                               "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
+    log = lambda msg: print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)  # noqa: E731
+    with ExitStack() as stack:
+        moto = stack.enter_context(moto_server())
+        throttled = stack.enter_context(ThrottlingProxy(moto))
+        open_proxy = stack.enter_context(ThrottlingProxy(moto, KinesisLimits(throttle=False)))
+        log("starting a Spark Connect server")
+        connect = stack.enter_context(spark_connect_server(cores=2))
+        kinesis = client("kinesis", moto)
+
+        # 1. throttled ------------------------------------------------------------------------
+        stream = "bench-throttled"
+        new_stream(kinesis, stream, args.shards)
+        loaded = load_backlog(kinesis, stream, args.throttled_mib, lines)
+        log(f"throttled: loaded {loaded}")
+        use_connections(moto, throttled.endpoint, connect)
+        summary, wall = ingest(stream, work / "out-throttled")
+        check(summary, loaded, "throttled")
+        ours = {
+            "read_bytes_per_second": throttled.read_rate(stream),
+            "get_records": throttled.stats[f"GetRecords:{stream}"],
+            "throttled": throttled.stats[f"GetRecords.throttled:{stream}"],
+            "expired": throttled.stats[f"GetRecords.expired:{stream}"],
+            "wall_s": wall, "records": summary["records"],
+        }  # fmt: skip
+        log(f"throttled, ours: {ours}")
+        naive = naive_consume(client("kinesis", throttled.endpoint), stream)
+        if naive.user_records != loaded["user_records"]:
+            raise SystemExit(f"naive consumer read {naive.user_records} of {loaded['user_records']} records")
+        log(f"throttled, naive: {naive}")
+        limit = args.shards * 2 * MIB
+        results["throttled"] = {
+            "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
+            "kinesis_records": loaded["kinesis_records"], "ours": ours,
+            "naive": {**naive.__dict__, "bytes_per_second": naive.bytes_per_second},
+            "limit_bytes_per_second": limit, "lower_bound_s": loaded["bytes"] / limit,
+        }  # fmt: skip
+
+        # 2. unthrottled ----------------------------------------------------------------------
+        stream = "bench-unthrottled"
+        new_stream(kinesis, stream, args.shards)
+        loaded = load_backlog(kinesis, stream, args.unthrottled_mib, lines)
+        log(f"unthrottled: loaded {loaded}")
+        naive = naive_consume(client("kinesis", open_proxy.endpoint), stream)
+        log(f"unthrottled, naive: {naive}")
+        use_connections(moto, open_proxy.endpoint, connect)
+        summary, wall = ingest(stream, work / "out-unthrottled", connect=True, paced=False)
+        check(summary, loaded, "unthrottled")
+        log(f"unthrottled, ours over Spark Connect: {summary['records']} records in {wall:.1f}s")
+        results["unthrottled"] = {
+            "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
+            "naive": {**naive.__dict__, "records_per_second": naive.records_per_second},
+            "ours_warm": {"wall_s": wall, "records_per_second": summary["records"] / wall},
+        }  # fmt: skip
+        stream = "bench-unthrottled-cold"
+        new_stream(kinesis, stream, args.shards)
+        loaded = load_backlog(kinesis, stream, args.unthrottled_mib, lines)
+        summary, wall = ingest(stream, work / "out-unthrottled-cold", paced=False)
+        check(summary, loaded, "unthrottled, spark-submit")
+        log(f"unthrottled, ours with spark-submit: {summary['records']} records in {wall:.1f}s")
+        results["unthrottled"]["ours_cold"] = {"wall_s": wall, "records_per_second": summary["records"] / wall}
+
+        # 3. fixed cost per micro-batch ---------------------------------------------------------
+        stream = "bench-small"
+        new_stream(kinesis, stream, args.shards)
+        use_connections(moto, throttled.endpoint, connect)
+        costs: dict[str, list[float]] = {"no_data": [], "cold": [], "warm": []}
+        ingest(stream, work / "out-small")  # first run: creates the checkpoint table; not measured
+        ingest(stream, work / "out-small", connect=True)  # warms the Spark Connect server's workers
+        for _ in range(args.repeat):
+            summary, wall = ingest(stream, work / "out-small")
+            assert summary["status"] == "no_new_records", summary
+            costs["no_data"].append(wall)
+            for kind in ("cold", "warm"):
+                load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
+                summary, wall = ingest(stream, work / "out-small", connect=kind == "warm")
+                assert summary["status"] == "committed", summary
+                costs[kind].append(wall)
+        medians = {k: statistics.median(v) for k, v in costs.items()}
+        log(f"fixed cost: {costs}")
+        results["fixed_cost"] = {"runs": costs, "median_s": medians,
+                                 "cold_overhead_s": medians["cold"] - medians["no_data"],
+                                 "warm_overhead_s": medians["warm"] - medians["no_data"]}  # fmt: skip
+
+        # 4. memory ------------------------------------------------------------------------------
+        use_connections(moto, open_proxy.endpoint, connect)
+        memory = []
+        for mib in (args.memory_mib, 4 * args.memory_mib):
+            stream = f"bench-memory-{int(mib)}"
+            new_stream(kinesis, stream, args.shards)
+            loaded = load_backlog(kinesis, stream, mib, lines)
+            with MemorySampler() as sampler:
+                summary, wall = ingest(stream, work / f"out-{stream}", paced=False)
+            check(summary, loaded, stream)
+            memory.append({"backlog_mib": loaded["bytes"] / MIB, "records": summary["records"], "wall_s": wall,
+                           "peak_total_mib": sampler.peak_total / MIB, "peak_jvm_mib": sampler.peak_jvm / MIB,
+                           "peak_python_mib": sampler.peak_python / MIB})  # fmt: skip
+            log(f"memory: {memory[-1]}")
+        results["memory"] = memory
+    shutil.rmtree(work, ignore_errors=True)
+
+    t, u, f = results["throttled"], results["unthrottled"], results["fixed_cost"]
+    headline = {
+        "throttled_fraction_of_limit": round(t["ours"]["read_bytes_per_second"] / t["limit_bytes_per_second"], 3),
+        "throttled_vs_naive": round(t["ours"]["read_bytes_per_second"] / t["naive"]["bytes_per_second"], 2),
+        "unthrottled_vs_naive": round(u["ours_warm"]["records_per_second"] / u["naive"]["records_per_second"], 2),
+        "unthrottled_cold_vs_naive": round(u["ours_cold"]["records_per_second"] / u["naive"]["records_per_second"], 2),
+        "ptee_fraction": round(t["ours"]["throttled"] / max(1, t["ours"]["get_records"]), 4),
+        "expired_iterators": t["ours"]["expired"],
+        "no_data_run_s": round(f["median_s"]["no_data"], 2),
+        "cold_overhead_s": round(f["cold_overhead_s"], 2),
+        "warm_overhead_s": round(f["warm_overhead_s"], 2),
+        "peak_memory_ratio": round(results["memory"][1]["peak_total_mib"] / results["memory"][0]["peak_total_mib"], 3),
+    }
+    results["headline"] = headline
+    from benchmarks.report import write_report
+
+    write_report(Path(args.output), results, " ".join(["python -m benchmarks.run", *(argv or sys.argv[1:])]))
+    log(f"report written to {args.output}")
+    print(json.dumps(headline), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""An HTTP proxy on 127.0.0.1 in front of an AWS emulator, for tests and benchmarks to stand
+between the provider and the emulator (inject faults, enforce service limits).
+
+Subclasses override :meth:`ForwardingProxy.handle`; :meth:`forward` passes a request upstream,
+:meth:`answer` and :meth:`answer_error` reply as the AWS JSON protocols do.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+
+__all__ = ["ForwardingProxy"]
+
+
+class ForwardingProxy:
+    """Start with :meth:`start`; ``endpoint`` is its URL.
+
+    :param upstream: the emulator's URL (``http://127.0.0.1:PORT``).
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlparse(upstream)
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                target = self.headers.get("X-Amz-Target", "")
+                proxy.handle(self, body, target)
+
+            do_GET = do_POST  # noqa: N815
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> ForwardingProxy:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> ForwardingProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def handle(self, request: BaseHTTPRequestHandler, body: bytes, target: str) -> None:
+        """Answer one request; ``target`` is its ``X-Amz-Target`` (``Service.Operation``)."""
+        self.answer(request, *self.forward(request, body))
+
+    def forward(self, request: BaseHTTPRequestHandler, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        """Send the request upstream; returns its status, headers and body."""
+        return self.call_upstream(request.command, request.path, body, dict(request.headers.items()))
+
+    def call_upstream(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, list[tuple[str, str]], bytes]:
+        conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=120)
+        try:
+            headers = {k: v for k, v in headers.items() if k.lower() not in ("host", "connection", "content-length")}
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.getheaders(), response.read()
+        finally:
+            conn.close()
+
+    @staticmethod
+    def answer(request: BaseHTTPRequestHandler, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
+        request.send_response(status)
+        for name, value in headers:
+            if name.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                request.send_header(name, value)
+        request.send_header("Content-Length", str(len(payload)))
+        request.end_headers()
+        request.wfile.write(payload)
+
+    @staticmethod
+    def answer_error(request: BaseHTTPRequestHandler, status: int, code: str, message: str, dynamodb: bool = False) -> None:
+        """An error reply in the AWS JSON protocol (``__type`` and ``message``)."""
+        kind = f"com.amazonaws.dynamodb.v20120810#{code}" if dynamodb else code
+        payload = json.dumps({"__type": kind, "message": message}).encode()
+        request.send_response(status)
+        request.send_header("Content-Type", "application/x-amz-json-1.0" if dynamodb else "application/x-amz-json-1.1")
+        request.send_header("x-amzn-ErrorType", code)
+        request.send_header("Content-Length", str(len(payload)))
+        request.end_headers()
+        request.wfile.write(payload)
