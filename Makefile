@@ -9,7 +9,7 @@ NODE_DIR := .cache/node
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv lock demo demo-resharding demo-backfill test test-fast test-reliability kinesalite java postgres docs clean
+.PHONY: bench venv lock demo demo-resharding demo-backfill test test-fast test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -76,3 +76,8 @@ docs: venv
 
 clean:
 	rm -rf $(VENV) .cache build dist demo_output
+
+# Throughput, fixed cost per batch and memory against a proxy enforcing Kinesis's per-shard read
+# limits, side by side with a naive consumer; writes docs/benchmarks.md, ends with one JSON line.
+bench: venv
+	$(PY) -m benchmarks.run

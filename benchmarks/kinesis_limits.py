@@ -6,8 +6,9 @@ answers like the service (Kinesis API reference, GetRecords and GetShardIterator
 * **5 GetRecords calls per second per shard**: a sixth call within one second is answered with
   ``ProvisionedThroughputExceededException`` (HTTP 400);
 * **2 MiB per second per shard**: every GetRecords response adds its data bytes to the shard's
-  debt, which drains at 2 MiB/s; a call arriving while the shard is in debt is throttled. So after
-  a 10 MiB response the next 5 seconds of calls are throttled, as the API reference says;
+  debt, as of the call's arrival; the debt drains at 2 MiB/s and a call arriving while the shard
+  is in debt is throttled. So after a call that returned 10 MiB the next 5 seconds of calls are
+  throttled, as the API reference says;
 * **at most 10 MiB and 10,000 records per response**: a larger ``Limit`` is an
   ``InvalidArgumentException``; a response over 10 MiB is cut after the last record that fits
   (at least one), with a ``NextShardIterator`` just after it;
@@ -219,9 +220,9 @@ class ThrottlingProxy(ForwardingProxy):
             self.stats["GetRecords.records"] += len(records)
             self.stats[f"bytes:{stream}"] += total
             self.read_window[stream][1] = time.monotonic()
+            # Charged to the call, from its arrival (the shard was out of debt then).
             state = self._shard(stream, shard)
-            state.debt = max(0.0, state.debt - (time.monotonic() - state.debt_at) * self.limits.read_bytes_per_second)
-            state.debt += total
-            state.debt_at = time.monotonic()
+            state.debt = max(0.0, state.debt - (now - state.debt_at) * self.limits.read_bytes_per_second) + total
+            state.debt_at = now
         self._remember(response.get("NextShardIterator"), stream, shard)
         self.answer(request, status, headers, payload)

@@ -12,10 +12,19 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from airflow_kinesis_spark.core.lag import lag_plan, lag_summary, shard_lag
+from airflow_kinesis_spark.core.lag import (
+    COUNT_MAX_GET_RECORDS_CALLS,
+    backlog_summary,
+    count_reader,
+    lag_plan,
+    lag_summary,
+    shard_backlog,
+    shard_lag,
+)
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
 from airflow_kinesis_spark.core.reader import (
+    MIN_CALL_INTERVAL_S,
     ShardRange,
     ShardReader,
     ShardReport,
@@ -25,7 +34,18 @@ from airflow_kinesis_spark.core.shards import Shard
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head, join_chunks
 from airflow_kinesis_spark.exceptions import StreamNotFoundError
 
-__all__ = ["list_shards", "probe_range", "committed_state", "measure_lag", "describe_stream_summary"]
+__all__ = [
+    "list_shards",
+    "probe_range",
+    "count_range",
+    "committed_state",
+    "measure_lag",
+    "measure_backlog",
+    "describe_stream_summary",
+]
+
+#: Shards counted at once by :func:`measure_backlog` (as many connections to Kinesis).
+BACKLOG_CONCURRENCY = 16
 
 
 async def _call(reader: ShardReader, method: Any, **kwargs: Any) -> dict[str, Any]:
@@ -83,6 +103,39 @@ async def probe_range(client: Any, stream_name: str, shard_range: ShardRange) ->
     return reader.finish()
 
 
+async def count_range(
+    client: Any, stream_name: str, shard_range: ShardRange, bound: int, *,
+    max_calls: int = COUNT_MAX_GET_RECORDS_CALLS, call_interval: float = MIN_CALL_INTERVAL_S,
+) -> tuple[ShardReport, bool]:  # fmt: skip
+    """Count up to ``bound`` user records of a range (see ``lag.count_reader``).
+
+    Calls: one ``GetShardIterator``, then at most ``max_calls`` ``GetRecords`` (an expired
+    iterator's renewal counts as one), ``call_interval`` seconds apart (GetRecords: 5 calls per
+    second per shard, Kinesis API reference).
+
+    :returns: the report and whether the call budget ran out before a stop rule held (the
+        count is then a lower bound).
+    """
+    reader = count_reader(stream_name, shard_range, bound)
+    reader.start((await _call(reader, client.get_shard_iterator, **reader.iterator_request())).get("ShardIterator"))
+    calls = 0
+    while not reader.done and calls < max_calls:
+        if calls:
+            await asyncio.sleep(call_interval)
+        calls += 1
+        try:
+            response = await _call(reader, client.get_records, **reader.records_request(reader.next_iterator))
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") != "ExpiredIteratorException":
+                raise
+            reader.iterator_expired()
+            reader.start((await _call(reader, client.get_shard_iterator, **reader.iterator_request())).get("ShardIterator"))
+            continue
+        reader.accept(response)
+    budget_spent = not reader.done
+    return reader.finish(), budget_spent
+
+
 async def _payload(client: Any, store: DynamoDBCheckpointStore, batch_id: int, kind: str, owner: str) -> Any:
     items: list[dict[str, Any]] = []
     request = store.chunks_request(batch_id, kind, owner)
@@ -136,3 +189,28 @@ async def measure_lag(
     plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position)
     probes = await asyncio.gather(*(probe_range(kinesis, store.stream_name, r) for r in plan.ranges))
     return lag_summary([shard_lag(r, p, now) for r, p in zip(plan.ranges, probes, strict=True)], plan, now)
+
+
+async def measure_backlog(
+    kinesis: Any, dynamodb: Any, store: DynamoDBCheckpointStore, *, bound: int, initial_position: str = "TRIM_HORIZON"
+) -> dict[str, Any]:
+    """A consumer's backlog: ``lag.backlog_summary`` (ages and records waiting, counted up to
+    ``bound`` per shard) plus ``committed_batch_id``, the head the count was made from.
+
+    Calls: one ``ListShards`` (paginated), the head (``GetItem``) and the committed checkpoints
+    (``Query``), and per readable shard those of :func:`count_range`; at most
+    ``BACKLOG_CONCURRENCY`` shards at once.
+    """
+    now = datetime.now(timezone.utc)
+    shards = await list_shards(kinesis, store.stream_name)
+    head, checkpoints, _ = await committed_state(dynamodb, store, with_plan=False)
+    plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position)
+    gate = asyncio.Semaphore(BACKLOG_CONCURRENCY)
+
+    async def count(shard_range: ShardRange) -> tuple[ShardReport, bool]:
+        async with gate:
+            return await count_range(kinesis, store.stream_name, shard_range, bound)
+
+    counts = await asyncio.gather(*(count(r) for r in plan.ranges))
+    backlogs = [shard_backlog(r, report, now, budget_spent=spent) for r, (report, spent) in zip(plan.ranges, counts, strict=True)]
+    return {**backlog_summary(backlogs, plan, now, bound), "committed_batch_id": head.committed_batch_id}

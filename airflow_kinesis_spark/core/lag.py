@@ -6,6 +6,11 @@ is what CloudWatch's ``GetRecords.IteratorAgeMilliseconds`` means, but for this 
 checkpoints rather than for a running reader, so it works on every emulator (kinesalite reports
 ``MillisBehindLatest`` 0 always; the service's value is kept where it is given).
 
+A backlog count (for ``KinesisBacklogTrigger``) reads further: up to a bound of user records per
+shard after the checkpoint, so "records waiting" is known exactly below the bound and as "at
+least the bound" above it. Kinesis has no cheaper way to count records (sequence numbers are
+not dense), so the bound is kept to one ``GetRecords`` ``Limit`` (10,000).
+
 The I/O lives in the callers (sync in the sensors, async in the triggers); this module decides.
 No Airflow import.
 """
@@ -13,7 +18,7 @@ No Airflow import.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,7 +29,7 @@ from airflow_kinesis_spark.core.positions import (
     format_timestamp,
     to_utc,
 )
-from airflow_kinesis_spark.core.reader import ShardRange, ShardReport
+from airflow_kinesis_spark.core.reader import GET_RECORDS_MAX_LIMIT, ShardRange, ShardReader, ShardReport
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
 
 __all__ = [
@@ -36,7 +41,17 @@ __all__ = [
     "retention_risks",
     "trim_gap",
     "topology_change",
+    "ShardBacklog",
+    "COUNT_MAX_GET_RECORDS_CALLS",
+    "count_reader",
+    "shard_backlog",
+    "backlog_summary",
+    "backlog_due",
 ]
+
+#: The most ``GetRecords`` calls one backlog count makes on one shard: enough for a full page
+#: and the empty response that shows the tip (or a few empty pages of a sparse shard).
+COUNT_MAX_GET_RECORDS_CALLS = 3
 
 
 @dataclass(frozen=True)
@@ -186,6 +201,77 @@ def topology_change(shards: Iterable[Shard], previous_open: Sequence[str]) -> di
         "children": {k: sorted(v) for k, v in sorted(children.items())},
         "changed": bool(new or closed),
     }
+
+
+@dataclass(frozen=True)
+class ShardBacklog:
+    """One shard's backlog for one consumer: its lag and how many user records wait.
+
+    :param lag: the shard's :class:`ShardLag` (from the first record of the count).
+    :param records: user records counted after the checkpoint (KPL aggregates de-aggregated).
+    :param exact: ``True`` when the count reached the tip, the cutoff or the shard's end;
+        ``False`` when it stopped at the bound or the call budget: at least ``records`` wait.
+    """
+
+    lag: ShardLag
+    records: int
+    exact: bool
+
+
+def count_reader(stream_name: str, shard_range: ShardRange, bound: int) -> ShardReader:
+    """A reader (no client: for a driver) that counts at most ``bound`` user records of a range.
+
+    The range's stop rules hold as in a batch (cutoff, caught up, shard end); the record cap is
+    ``bound`` and ``GetRecords`` ``Limit`` is ``bound``. An aggregated first record is taken
+    whole, so the count may pass the bound.
+
+    :param bound: 1..10,000 (``GetRecords`` returns at most 10,000 records, Kinesis API reference).
+    :raises ValueError: a bound out of range.
+    """
+    if isinstance(bound, bool) or not isinstance(bound, int) or not 1 <= bound <= GET_RECORDS_MAX_LIMIT:
+        raise ValueError(f"bound must be an integer 1..{GET_RECORDS_MAX_LIMIT} (GetRecords Limit), got {bound!r}")
+    return ShardReader(None, stream_name, replace(shard_range, max_records=bound), limit=bound, min_call_interval=0)
+
+
+def shard_backlog(shard_range: ShardRange, report: ShardReport, now: datetime, *, budget_spent: bool) -> ShardBacklog:
+    """The backlog of one shard from its count (see :func:`count_reader`).
+
+    :param budget_spent: the driver stopped before a stop rule held (its call budget ran out).
+    """
+    exact = not budget_spent and report.stop_reason in ("caught_up", "cutoff", "shard_end")
+    return ShardBacklog(lag=shard_lag(shard_range, report, now), records=report.records, exact=exact)
+
+
+def backlog_summary(backlogs: Sequence[ShardBacklog], plan: BatchPlan, now: datetime, bound: int) -> dict[str, Any]:
+    """:func:`lag_summary` plus the counts: per shard ``records_waiting`` and
+    ``records_waiting_exact``; in all ``records_waiting`` (sum), ``records_waiting_exact`` (every
+    shard counted to its end) and ``count_bound`` (the per-shard bound)."""
+    summary = lag_summary([b.lag for b in backlogs], plan, now)
+    for backlog in backlogs:
+        summary["shards"][backlog.lag.shard_id].update(records_waiting=backlog.records, records_waiting_exact=backlog.exact)
+    summary["records_waiting"] = sum(b.records for b in backlogs)
+    summary["records_waiting_exact"] = all(b.exact for b in backlogs)
+    summary["count_bound"] = bound
+    return summary
+
+
+def backlog_due(summary: Mapping[str, Any], min_records: int | None, min_age_seconds: float | None) -> str | None:
+    """Why the backlog is worth a batch, or ``None``: whichever threshold is passed first.
+
+    :param min_records: at least this many user records wait (all shards together).
+    :param min_age_seconds: the oldest unconsumed record is at least this old.
+    :returns: ``"min_records"``, ``"min_age_seconds"``, ``"any_record"`` (both thresholds
+        ``None`` and a record waits) or ``None``.
+    """
+    if not summary["shards_with_unconsumed"]:
+        return None
+    if min_records is None and min_age_seconds is None:
+        return "any_record"
+    if min_records is not None and summary["records_waiting"] >= min_records:
+        return "min_records"
+    if min_age_seconds is not None and summary["max_age_ms"] >= min_age_seconds * 1000:
+        return "min_age_seconds"
+    return None
 
 
 def measure_lag(

@@ -74,6 +74,12 @@ GET_RECORDS_MAX_BYTES = 10 * 1024 * 1024
 #: responses amortise each call's round trip over more data (the pause before the next call is
 #: counted from when the response arrived); smaller ones hold less in memory.
 TARGET_RESPONSE_BYTES = 4 * 1024 * 1024
+#: Seconds added to each pause: the next call must not reach the service before the pause ends,
+#: whatever the network did to the previous one.
+PACING_MARGIN_S = 0.05
+#: ``Limit`` of a range's first GetRecords, before any record size is known: 100 records of the
+#: KPL's default 50 KiB aggregates are about 5 MiB, well under the 10 MiB a response may hold.
+INITIAL_LIMIT = 100
 #: Errors that mean "slow down", retried with exponential backoff and full jitter.
 THROTTLING_ERRORS = frozenset(
     {"ProvisionedThroughputExceededException", "KMSThrottlingException", "LimitExceededException"}
@@ -385,10 +391,11 @@ class ShardReader:
     :param min_call_interval: seconds between two GetRecords calls on this shard (5 per second
         per shard is the service limit).
     :param read_bytes_per_second: the shard's read budget (2 MiB/s is the service limit): after
-        a response of B bytes the next GetRecords waits B / budget seconds, counted from the
-        response's arrival, so a paced reader does not run into
+        a response of B bytes the next GetRecords waits until B / budget seconds after the call
+        that returned it (plus ``PACING_MARGIN_S``), so a paced reader does not run into
         ``ProvisionedThroughputExceededException``. ``None``: no byte pacing (an emulator without limits).
-    :param target_response_bytes: the adaptive ``Limit`` asks for about this many bytes per call,
+    :param target_response_bytes: the adaptive ``Limit``: the first call asks for at most
+        ``INITIAL_LIMIT`` (100) records; later calls for about this many bytes per call,
         from the mean Kinesis record size seen so far (never more than ``limit`` records, and at
         most 10 MiB, the service's cap of one response).
     :param max_throttle_retries: retries of one call on a throttling error before giving up.
@@ -469,15 +476,16 @@ class ShardReader:
         if p.kinesis_records:
             mean = max(1.0, p.kinesis_bytes / p.kinesis_records)
             limit = max(1, min(limit, int(self.target_response_bytes / mean)))
+        else:  # record size unknown yet: a first response of at most INITIAL_LIMIT records
+            limit = min(limit, INITIAL_LIMIT)
         if self.range.max_records is not None:
             limit = max(1, min(limit, self.range.max_records - p.records))
         p.calls += 1
         return {"ShardIterator": iterator, "Limit": limit}
 
     def pause_after_response(self) -> float:
-        """Seconds to wait, from a GetRecords response's arrival, before the next GetRecords:
-        at least ``min_call_interval``, and the time the shard's read budget needs to pay for
-        the response's bytes."""
+        """Seconds between a GetRecords call and the next one: at least ``min_call_interval``,
+        and the time the shard's read budget needs to pay for the response's bytes."""
         pause = self.min_call_interval
         if self.read_bytes_per_second:
             pause = max(pause, self.last_response_bytes / self.read_bytes_per_second)
@@ -583,6 +591,7 @@ class ShardReader:
                 wait = self._ready_at - self._clock()
                 if wait > 0:
                     self._sleep(wait)
+            sent = self._clock()
             try:
                 response = self._call("get_records", **self.records_request(self.next_iterator))  # type: ignore[arg-type]
             except self.client.exceptions.ExpiredIteratorException:
@@ -594,8 +603,12 @@ class ShardReader:
                 self._ready_at = self._clock() + self.min_call_interval
                 raise
             page = self.accept(response)
-            # Counted from the response's arrival: the service charged the bytes before we got them.
-            self._ready_at = self._clock() + self.pause_after_response()
+            # The service charges a response's bytes to the call that returned them ("after a
+            # 10 MiB response, the next 5 seconds of calls are throttled"): the pause runs from
+            # when the call was sent (plus a margin for the request's own travel), so the time the
+            # response takes to come back and be processed overlaps it.
+            pause = self.pause_after_response()
+            self._ready_at = sent + pause + (PACING_MARGIN_S if pause > 0 else 0.0)
             if page:
                 yield page
         self._p.read_ended = time.time()
@@ -656,13 +669,12 @@ class ShardReader:
             for _, key, hash_key, _ in users:
                 value = int(hash_key) if hash_key else int(hashlib.md5(key.encode()).hexdigest(), 16)  # noqa: S324
                 p.out_of_range += not low <= value <= high
-        for sub, key, hash_key, payload in users:
-            page.append(UserRecord(rng.shard_id, sequence_number, sub, key, hash_key, arrival, payload))
-            position = ExtendedSequenceNumber(sequence_number, sub)
-            if p.first is None:
-                p.first = position
-            p.last = position
+        page.extend(UserRecord(rng.shard_id, sequence_number, sub, key, hash_key, arrival, payload)
+                    for sub, key, hash_key, payload in users)  # fmt: skip
         if users:
+            if p.first is None:
+                p.first = ExtendedSequenceNumber(sequence_number, users[0][0])
+            p.last = ExtendedSequenceNumber(sequence_number, users[-1][0])
             p.first_arrival = p.first_arrival or arrival
             p.last_arrival = arrival
         p.records += len(users)

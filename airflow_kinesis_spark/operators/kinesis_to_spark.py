@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 import airflow_kinesis_spark
@@ -38,6 +38,7 @@ from airflow_kinesis_spark.core.positions import (
     parse_timestamp,
 )
 from airflow_kinesis_spark.core.reader import (
+    READ_BYTES_PER_SECOND,
     ShardRange,
     ShardReport,
     StartPosition,
@@ -59,11 +60,13 @@ from airflow_kinesis_spark.core.window import (
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
     DataLossError,
+    EndpointUnreachableError,
     ReportValidationError,
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.hooks.kinesis import validate_stream_name
 from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
+from airflow_kinesis_spark.lineage import asset_event_extra, asset_for_output, operator_lineage, output_uri
 
 __all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
 
@@ -76,6 +79,8 @@ MIN_RETENTION = timedelta(hours=24)
 CONNECT_ENV_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 #: How often an idle consumer records that its shards were empty up to the cutoff.
 IDLE_REFRESH = timedelta(hours=1)
+#: Seconds a Spark Connect server has to accept the gRPC channel (PySpark's own retries take minutes).
+CONNECT_READY_TIMEOUT = 10.0
 
 
 def spark_script_path() -> str:
@@ -85,6 +90,30 @@ def spark_script_path() -> str:
         if candidate.is_file():
             return str(candidate)
     raise FileNotFoundError(f"{SPARK_SCRIPT} is not shipped with airflow_kinesis_spark at {package}")
+
+
+def _check_spark_connect(url: str, conn_id: str) -> None:
+    """Fail fast when the Spark Connect server of ``url`` does not accept a gRPC channel.
+
+    :raises EndpointUnreachableError: naming the connection and ``sc://host:port`` (never the token).
+    """
+    import grpc
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    builder = DefaultChannelBuilder(url)
+    channel = builder.toChannel()
+    try:
+        grpc.channel_ready_future(channel).result(timeout=CONNECT_READY_TIMEOUT)
+    except grpc.FutureTimeoutError:
+        endpoint = f"sc://{builder.endpoint}"
+        raise EndpointUnreachableError(
+            f"Cannot reach the Spark Connect server of spark_connect connection {conn_id!r} at {endpoint} "
+            f"within {CONNECT_READY_TIMEOUT:g} s. Check the connection's host, port and use_ssl, and that the "
+            "server runs and this machine can reach it.",
+            service="Spark Connect", endpoint=endpoint, source=f"spark_connect connection {conn_id!r}",
+        ) from None  # fmt: skip
+    finally:
+        channel.close()
 
 
 def _core_zip(directory: str) -> str:
@@ -175,6 +204,14 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     :param get_records_limit: ``Limit`` of each GetRecords call, 1..10,000 (Kinesis API reference).
     :param min_call_interval: seconds between two GetRecords calls on one shard; 0.2 matches the
         service's 5 calls per second per shard.
+    :param read_bytes_per_second: the per-shard read budget (bytes per second) the readers pace
+        themselves to: after a GetRecords response of B bytes a shard's next call waits
+        B / budget seconds. The default, 2 MiB/s, is the service's per-shard read limit
+        (Kinesis API reference, GetRecords); lower it when other consumers share the shards'
+        budget, or ``None`` for no byte pacing (an emulator without limits).
+    :param read_tasks: Spark tasks that read the shard ranges; each task reads its ranges at the
+        same time, one thread per range. ``None``: Spark's default parallelism (at most one task
+        per range).
     :param lease_seconds: a run holding a pending batch renews its lease every third of this
         (seconds); another run may take the batch over (re-using its plan) only after the lease
         expired. Keep it below the task's ``retry_delay``.
@@ -182,6 +219,15 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         ``SHARD_END``, or a checkpoint fell behind the trim horizon (records after it may have
         aged out). The gap is logged and reported in the summary; without this flag the run fails
         without retry and nothing is read (LOUD).
+    :param output_asset: declare the output root as an Airflow Asset outlet (URI from
+        ``lineage.output_uri``: ``file://`` for a local path, ``s3://`` for ``s3a://``; not for a
+        templated or relative path), so DAGs scheduled on it run after each batch. Every
+        successful run emits an asset event whose ``extra`` is the batch summary in short
+        (``lineage.asset_event_extra``: ``batch_id``, ``records``, ``shards``, ``output_path``, ...),
+        also a run without new records (``records`` 0: Airflow emits an event for every declared
+        outlet). For events only when records were written, pass ``output_asset=False`` and
+        ``outlets=[AssetAlias(...)]``: the operator adds the output asset's event to each alias
+        outlet only when ``records`` > 0. OpenLineage: :meth:`get_openlineage_facets_on_complete`.
     :returns: (XCom) the batch summary: ``batch_id``, ``status`` (``committed``,
         ``committed_without_records`` or ``no_new_records``), ``stream_name``,
         ``consumer_name``, ``records``, ``bytes``, ``output_path``, ``quarantined`` (corrupt
@@ -238,12 +284,19 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         spark_py_files: str | None = None,
         get_records_limit: int = 10_000,
         min_call_interval: float = 0.2,
+        read_bytes_per_second: float | None = READ_BYTES_PER_SECOND,
+        read_tasks: int | None = None,
         allow_data_loss: bool = False,
         lease_seconds: float = 120.0,
+        output_asset: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.lease_seconds = lease_seconds
+        self.output_asset = output_asset
+        if output_asset and (uri := output_uri(output_path)) and not any(getattr(o, "uri", None) == uri for o in self.outlets):
+            self.outlets = [*self.outlets, asset_for_output(output_path)]
+        self._outcome: dict[str, Any] | None = None  # the last run's summary, for lineage
         self.stream_name = stream_name
         self.consumer_name = consumer_name
         self.checkpoint_table = checkpoint_table
@@ -261,6 +314,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         self.spark_py_files = spark_py_files
         self.get_records_limit = get_records_limit
         self.min_call_interval = min_call_interval
+        self.read_bytes_per_second = read_bytes_per_second
+        self.read_tasks = read_tasks
         self.allow_data_loss = allow_data_loss
         self._spark_hook: BatchSparkSubmitHook | None = None
 
@@ -289,6 +344,12 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             raise ValueError(f"lease_seconds must be > 0 seconds; got {self.lease_seconds!r}")
         if self.min_call_interval < 0:
             raise ValueError(f"min_call_interval must be >= 0 seconds; got {self.min_call_interval!r}")
+        if self.read_bytes_per_second is not None and not self.read_bytes_per_second > 0:
+            raise ValueError(
+                f"read_bytes_per_second must be > 0 (bytes per second per shard) or None; got {self.read_bytes_per_second!r}"
+            )
+        if self.read_tasks is not None and (isinstance(self.read_tasks, bool) or not isinstance(self.read_tasks, int) or self.read_tasks < 1):
+            raise ValueError(f"read_tasks must be a positive integer or None; got {self.read_tasks!r}")
         if self.initial_position not in INITIAL_POSITIONS:
             raise ValueError(f"initial_position must be one of {', '.join(INITIAL_POSITIONS)}; got {self.initial_position!r}")
         if self.initial_position == "AT_TIMESTAMP" and not self.initial_timestamp:
@@ -315,11 +376,39 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         self.validate()
         try:
-            return self._run_batch(context)
+            summary = self._run_batch(context)
         except (CheckpointConflictError, ReportValidationError, DataLossError) as err:
             # A retry cannot help: another writer won, the job disagrees with its plan, or
             # records would be lost. Fail without retries; nothing was committed.
             raise AirflowFailException(str(err)) from err
+        self._publish(context, summary)
+        return summary
+
+    def _publish(self, context: Context, summary: dict[str, Any]) -> None:
+        """Put the batch summary on the output asset's event (see ``output_asset``); keep it for lineage."""
+        self._outcome = summary
+        events = context.get("outlet_events")
+        uri = output_uri(self.output_path)
+        if events is None or uri is None:
+            return
+        extra = asset_event_extra(summary)
+        for outlet in self.outlets:
+            if isinstance(outlet, Asset) and outlet.uri == uri:
+                events[outlet].extra = extra
+                self.log.info("Asset event for %s: batch %s, %d records", uri, extra["batch_id"], extra["records"])
+            elif isinstance(outlet, AssetAlias) and extra["records"]:
+                events[outlet].add(asset_for_output(self.output_path), extra=extra)
+                self.log.info("Asset event for %s through alias %s: batch %s, %d records", uri, outlet.name,
+                              extra["batch_id"], extra["records"])  # fmt: skip
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage datasets (``lineage.operator_lineage``): the stream (namespace
+        ``kinesis://{region}``) in, the output root out, with the run's record counts."""
+        try:
+            region = self.region_name or self.kinesis_hook.conn_region_name
+        except Exception:  # noqa: BLE001 - lineage must not fail for want of a region
+            region = self.region_name
+        return operator_lineage(stream_name=self.stream_name, region=region, output_path=self.output_path, summary=self._outcome)
 
     def _run_batch(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
@@ -523,6 +612,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         application_args = [
             "--plan-file", plan_file, "--report-file", report_file,
             "--limit", str(self.get_records_limit), "--min-call-interval", str(self.min_call_interval),
+            "--read-bytes-per-second", str(self.read_bytes_per_second or 0), "--read-tasks", str(self.read_tasks or 0),
         ]  # fmt: skip
         if self.transform:
             application_args += ["--transform", self.transform]
@@ -550,6 +640,15 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             env["PATH"] = os.pathsep.join(p for p in (str(venv_bin), os.environ.get("PATH", "")) if p)
         hook = build(env)
         return hook
+
+    def _reader_options(self) -> dict[str, Any]:
+        """The job's reader settings (``kinesis_batch.reader_options`` builds the same from its arguments)."""
+        return {
+            "limit": self.get_records_limit,
+            "min_call_interval": self.min_call_interval,
+            "read_bytes_per_second": self.read_bytes_per_second,
+            "read_tasks": self.read_tasks,
+        }
 
     def _spark_conn_type(self) -> str | None:
         """The ``spark_conn_id`` connection's type, ``None`` when it does not exist."""
@@ -587,6 +686,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         self.log.info("Running the Spark job of batch %d over Spark Connect (%d shard ranges)", plan.batch_id, len(plan.ranges))
         # PySpark marks the whole process as a Spark Connect client in os.environ; a spark-submit
         # started later from this process would inherit it and fail. Put the environment back after.
+        _check_spark_connect(url, self.spark_conn_id)
         saved = {k: os.environ.get(k) for k in CONNECT_ENV_VARS}
         spark = SparkSession.builder.remote(url).getOrCreate()
         try:
@@ -595,7 +695,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
                 for extra in filter(None, (self.spark_py_files or "").split(",")):
                     spark.addArtifacts(extra, pyfile=True)
                 result = job.run(spark, plan.to_dict(), transform, self.kinesis_hook.spark_environment(),
-                                 self.get_records_limit, self.min_call_interval)  # fmt: skip
+                                 self._reader_options())  # fmt: skip
         except Exception as err:
             raise RuntimeError(
                 f"The Spark job of {self._what(plan)} failed over Spark Connect: {err}. {self._after_failure()}"
@@ -625,7 +725,10 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             try:
                 hook.submit(application=spark_script_path(), preexec_fn=_die_with_parent)
             except Exception as err:
-                raise RuntimeError(f"The Spark job of {self._what(plan)} failed: {err}. {self._after_failure()}") from err
+                raise RuntimeError(
+                    f"The Spark job of {self._what(plan)} failed: {err} (spark connection {self.spark_conn_id!r}). "
+                    f"{self._after_failure()}"
+                ) from err
             finally:
                 self._spark_hook = None
             if not os.path.exists(report_file):

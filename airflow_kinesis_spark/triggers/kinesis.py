@@ -4,6 +4,9 @@ Each trigger evaluates exactly what its sensor's ``poke`` evaluates (the rules l
 ``airflow_kinesis_spark.core.lag``), and yields one event: ``{"status": "success", ...}`` when
 the condition holds, ``{"status": "error", "message": ...}`` when it cannot be evaluated or
 must fail. Arguments are JSON-serialisable only.
+
+``KinesisBacklogTrigger`` is different: an event trigger for an ``AssetWatcher`` (event-driven
+scheduling), which runs as long as the watching asset exists and fires once per backlog.
 """
 
 from __future__ import annotations
@@ -13,19 +16,27 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_kinesis_spark.core import aio
 from airflow_kinesis_spark.core.lag import (
+    backlog_due,
     backlog_ready,
     retention_risks,
     topology_change,
 )
+from airflow_kinesis_spark.core.reader import GET_RECORDS_MAX_LIMIT
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
 
-__all__ = ["KinesisShardLagTrigger", "KinesisReshardingTrigger", "KinesisRetentionTrigger"]
+__all__ = ["KinesisShardLagTrigger", "KinesisReshardingTrigger", "KinesisRetentionTrigger", "KinesisBacklogTrigger"]
+
+#: The shortest ``poke_interval`` of :class:`KinesisBacklogTrigger` (seconds). Each poll calls
+#: ``GetShardIterator`` once and ``GetRecords`` up to 3 times per shard; both are limited to 5
+#: calls per second per shard, a budget shared with every reader of the shard (Kinesis API
+#: reference). At this floor a poll uses at most 0.2 and 0.6 of them, leaving the batches' readers the rest.
+MIN_BACKLOG_POLL_INTERVAL_S = 5.0
 
 
 class _ConsumerTrigger(BaseTrigger):
@@ -138,3 +149,138 @@ class KinesisRetentionTrigger(_ConsumerTrigger):
         lag = await aio.measure_lag(kinesis, dynamodb, self._store(), initial_position=self.extra["initial_position"])
         risks = retention_risks(lag, retention, timedelta(seconds=self.extra["margin_seconds"]))
         return {"status": "success", "retention_period_hours": retention, "at_risk": risks, "lag": lag}
+
+
+class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
+    """Fires when a consumer's backlog is worth a batch: for an ``AssetWatcher`` (event-driven runs).
+
+    Every ``poke_interval`` seconds it reads the consumer's committed checkpoints (the same store
+    as ``KinesisToSparkOperator``) and counts, per readable shard, the user records after the
+    checkpoint, up to ``min_records``. It fires when either threshold is passed, whichever comes
+    first: at least ``min_records`` records wait (all shards together), or the oldest unconsumed
+    record is at least ``min_age_seconds`` old. With neither, any waiting record fires it.
+
+    **Calls per poll.** One ``ListShards`` (paginated), one ``GetItem`` and one ``Query`` on the
+    checkpoint table, and per readable shard one ``GetShardIterator`` and one to three
+    ``GetRecords`` (``Limit`` ``min_records``, else 1; 0.2 s apart). ``GetRecords`` and
+    ``GetShardIterator`` allow 5 calls per second per shard, shared with the batches' readers,
+    and a shard serves 2 MiB/s (Kinesis API reference): hence the floor of
+    ``MIN_BACKLOG_POLL_INTERVAL_S`` (5 s) on ``poke_interval``, and a bound of 10,000 on
+    ``min_records`` (one ``GetRecords``). Every poll reads up to ``min_records`` records per
+    shard; for large thresholds prefer ``min_age_seconds`` (``Limit`` 1).
+
+    **The event** (the asset event's ``extra["payload"]``): ``status`` ``success``, ``reason``
+    (``min_records``, ``min_age_seconds`` or ``any_record``), ``stream_name``,
+    ``consumer_name``, ``committed_batch_id`` (the consumer's head when counted),
+    ``records_waiting`` (counted up to ``min_records`` per shard) and ``records_waiting_exact``,
+    ``max_age_ms``, ``shards_with_unconsumed``, ``shards`` (per shard with records:
+    ``records_waiting``, ``age_ms``), ``measured_at``, ``min_records``, ``min_age_seconds``.
+
+    **Re-firing.** The trigger keeps running after an event (Airflow keeps it while the asset is
+    watched). It fires at most once per committed batch: after an event it holds while the
+    consumer's committed batch id is unchanged, and fires again only once a run committed and
+    the backlog after that commit passes a threshold again. As it reads committed checkpoints,
+    it never fires for records a run already committed. When Airflow re-creates it (triggerer
+    restart, changed arguments), the hold starts afresh, so one more event may come for a
+    backlog a run is ingesting: the next run then finds little or nothing, and a run without
+    new records starts no Spark job. Schedule the DAG with ``max_active_runs=1``: events during
+    a run then queue a single next run. A poll that fails (throttling beyond retries, a missing
+    stream) is logged and the next poll tries again; it never fires.
+
+    .. seealso:: docs/sensors.md
+
+    :param stream_name: the Kinesis stream.
+    :param consumer_name: the consumer (application) name whose checkpoints are read.
+    :param checkpoint_table: the DynamoDB checkpoint table (a missing table reads as no checkpoint).
+    :param min_records: fire when at least this many user records wait, 1..10,000; ``None``: no count threshold.
+    :param min_age_seconds: fire when the oldest unconsumed record is at least this old (seconds);
+        ``None``: no age threshold.
+    :param poke_interval: seconds between polls, at least 5 (``MIN_BACKLOG_POLL_INTERVAL_S``).
+    :param initial_position: where never-seen shards start: ``TRIM_HORIZON`` or ``LATEST``, as the operator's.
+    :param aws_conn_id: the ``aws`` connection.
+    :param region_name: overrides the connection's region.
+    :raises ValueError: an argument out of range (at DAG parse time).
+    """
+
+    def __init__(
+        self,
+        *,
+        min_records: int | None = None,
+        min_age_seconds: float | None = None,
+        poke_interval: float = 60.0,
+        initial_position: str = "TRIM_HORIZON",
+        **kwargs: Any,
+    ) -> None:
+        if min_records is not None and (
+            isinstance(min_records, bool) or not isinstance(min_records, int) or not 1 <= min_records <= GET_RECORDS_MAX_LIMIT
+        ):
+            raise ValueError(f"min_records must be an integer 1..{GET_RECORDS_MAX_LIMIT} or None; got {min_records!r}")
+        if min_age_seconds is not None and not min_age_seconds >= 0:
+            raise ValueError(f"min_age_seconds must be >= 0 seconds or None; got {min_age_seconds!r}")
+        if not poke_interval >= MIN_BACKLOG_POLL_INTERVAL_S:
+            raise ValueError(
+                f"poke_interval must be at least {MIN_BACKLOG_POLL_INTERVAL_S:g} seconds (Kinesis allows 5 GetRecords and "
+                f"5 GetShardIterator calls per second per shard, shared with the batches' readers); got {poke_interval!r}"
+            )
+        if initial_position not in ("TRIM_HORIZON", "LATEST"):
+            raise ValueError(f"initial_position must be TRIM_HORIZON or LATEST; got {initial_position!r}")
+        super().__init__(
+            poke_interval=poke_interval, min_records=min_records, min_age_seconds=min_age_seconds,
+            initial_position=initial_position, **kwargs,
+        )  # fmt: skip
+        # The committed batch id the last event was sent for (in memory: see "Re-firing").
+        self._fired_for: int | None = None
+
+    async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
+        min_records, min_age = self.extra["min_records"], self.extra["min_age_seconds"]
+        summary = await aio.measure_backlog(
+            kinesis, dynamodb, self._store(), bound=min_records or 1, initial_position=self.extra["initial_position"]
+        )
+        reason = backlog_due(summary, min_records, min_age)
+        committed = summary["committed_batch_id"]
+        self.log.info(
+            "backlog of %s/%s after batch %s: %s%d records waiting in %d shards, oldest %d ms; %s",
+            self.stream_name, self.consumer_name, committed, "" if summary["records_waiting_exact"] else "at least ",
+            summary["records_waiting"], len(summary["shards_with_unconsumed"]), summary["max_age_ms"],
+            f"due ({reason})" if reason else "not due",
+        )  # fmt: skip
+        if reason is None:
+            return None
+        if self._fired_for == committed:
+            self.log.info("holding: an event was already sent for the backlog after batch %s", committed)
+            return None
+        self._fired_for = committed
+        return {
+            "status": "success",
+            "reason": reason,
+            "stream_name": self.stream_name,
+            "consumer_name": self.consumer_name,
+            "committed_batch_id": committed,
+            "records_waiting": summary["records_waiting"],
+            "records_waiting_exact": summary["records_waiting_exact"],
+            "max_age_ms": summary["max_age_ms"],
+            "shards_with_unconsumed": summary["shards_with_unconsumed"],
+            "shards": {
+                shard_id: {"records_waiting": lag["records_waiting"], "age_ms": lag["age_ms"]}
+                for shard_id, lag in summary["shards"].items()
+                if lag["has_unconsumed"]
+            },
+            "measured_at": summary["measured_at"],
+            "min_records": min_records,
+            "min_age_seconds": min_age,
+        }
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        kinesis_hook = KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        dynamodb_hook = DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        async with await kinesis_hook.get_async_conn() as kinesis, await dynamodb_hook.get_async_conn() as dynamodb:
+            while True:
+                try:
+                    payload = await self.evaluate(kinesis, dynamodb)
+                except Exception as err:  # noqa: BLE001 - an event trigger has no task to fail: log, poll again
+                    self.log.error("backlog poll of %s/%s failed: %s: %s", self.stream_name, self.consumer_name,
+                                   type(err).__name__, err)  # fmt: skip
+                    payload = None
+                if payload is not None:
+                    yield TriggerEvent(payload)
+                await asyncio.sleep(self.poke_interval)

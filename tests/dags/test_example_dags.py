@@ -16,7 +16,13 @@ DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
 
 
 def test_there_are_example_dags():
-    assert [p.name for p in DAG_FILES] == ["kinesis_backfill.py", "kinesis_microbatch.py", "kinesis_sensors.py"]
+    assert [p.name for p in DAG_FILES] == [
+        "kinesis_asset_downstream.py",
+        "kinesis_backfill.py",
+        "kinesis_event_driven.py",
+        "kinesis_microbatch.py",
+        "kinesis_sensors.py",
+    ]
 
 
 @pytest.mark.parametrize("dag_file", DAG_FILES, ids=lambda p: p.name)
@@ -38,6 +44,40 @@ def test_microbatch_dag_uses_the_operator_with_the_log_transform(tmp_path, monke
     assert isinstance(task, KinesisToSparkOperator)
     assert task.transform == "airflow_kinesis_spark.transforms.apache_log:parse_combined_log"
     assert task.retries == 2
+
+
+def test_event_driven_dag_runs_on_a_backlog_watched_by_the_trigger(tmp_path, monkeypatch):
+    from airflow_kinesis_spark.triggers.kinesis import KinesisBacklogTrigger
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("KINESIS_BACKLOG_MIN_RECORDS", "250")
+    monkeypatch.setenv("KINESIS_BACKLOG_MIN_AGE_SECONDS", "")
+    monkeypatch.setenv("KINESIS_BACKLOG_POLL_SECONDS", "10")
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(ROOT / "dags" / "kinesis_event_driven.py")).dags["kinesis_event_driven"]
+    (backlog,) = dag.timetable.asset_condition.objects
+    (watcher,) = backlog.watchers
+    trigger = watcher.trigger
+    assert isinstance(trigger, KinesisBacklogTrigger)
+    assert (trigger.consumer_name, trigger.poke_interval) == ("parquet-lake-events", 10.0)
+    assert trigger.extra["min_records"] == 250 and trigger.extra["min_age_seconds"] is None
+    assert dag.max_active_runs == 1
+    task = dag.get_task("ingest_backlog")
+    assert isinstance(task, KinesisToSparkOperator) and task.consumer_name == trigger.consumer_name
+    assert task.output_path == "/tmp/kinesis_spark_output_events"  # not kinesis_microbatch's batch directories
+
+
+def test_downstream_dag_is_scheduled_on_the_microbatch_output_asset(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("KINESIS_OUTPUT_PATH", "s3a://lake/access_log")
+    from airflow.dag_processing.dagbag import DagBag
+
+    microbatch = DagBag(dag_folder=str(ROOT / "dags" / "kinesis_microbatch.py")).dags["kinesis_microbatch"]
+    downstream = DagBag(dag_folder=str(ROOT / "dags" / "kinesis_asset_downstream.py")).dags["kinesis_asset_downstream"]
+    (scheduled_on,) = downstream.timetable.asset_condition.objects
+    assert scheduled_on.uri == "s3://lake/access_log"
+    assert scheduled_on in microbatch.get_task("ingest_access_log").outlets
 
 
 @pytest.mark.dags

@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 from airflow_kinesis_spark.core.planner import BatchPlan, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
 from airflow_kinesis_spark.core.reader import (
+    PACING_MARGIN_S,
     GET_RECORDS_MAX_LIMIT,
     ShardRange,
     ShardReader,
@@ -434,9 +435,10 @@ def test_limit_without_cap_is_the_configured_limit():
     client = FakeKinesis([plain(i) for i in range(5)])
     read(client, make_range(), limit=7)
     assert set(client.limits()) == {7}
-    client = FakeKinesis([plain(i) for i in range(5)])
+    client = FakeKinesis([plain(i) for i in range(500)])
     read(client, make_range())
-    assert set(client.limits()) == {GET_RECORDS_MAX_LIMIT}
+    # The first call asks for 100 (record size unknown); small records then get the maximum.
+    assert client.limits()[0] == 100 and set(client.limits()[1:]) == {GET_RECORDS_MAX_LIMIT}
 
 
 @pytest.mark.parametrize("limit", [0, -1, GET_RECORDS_MAX_LIMIT + 1])
@@ -539,7 +541,7 @@ def test_calls_are_paced_by_min_call_interval():
     records, report = reader.read_all()
     assert len(records) == 6
     assert report.get_records_calls == 4
-    assert sleeps == [pytest.approx(0.2)] * 3  # before every call but the first
+    assert sleeps == [pytest.approx(0.2 + PACING_MARGIN_S)] * 3  # before every call but the first
 
 
 # -- expired iterators -------------------------------------------------------------------------------
@@ -753,8 +755,9 @@ def test_byte_pacing_pays_each_response_before_the_next_call():
                          sleep=clock.sleep, clock=clock)  # fmt: skip
     records, report = reader.read_all()
     assert len(records) == 12 and report.response_bytes == 12 * mib
-    # 4 responses of 3 MiB, then the empty caught-up response: 1.5 s before each call after a full one.
-    assert clock.sleeps == [1.5, 1.5, 1.5, 1.5]
+    # 4 responses of 3 MiB, then the empty caught-up response: 1.5 s (+ margin) between calls
+    # after a full one, counted from when the call was sent (this fake answers instantly).
+    assert clock.sleeps == [pytest.approx(1.5 + PACING_MARGIN_S)] * 4
     # The shard's budget (2 MiB/s) over the whole read, as the service counts it.
     assert report.response_bytes / clock.now <= 2 * mib
 
@@ -775,7 +778,7 @@ def test_byte_pacing_can_be_switched_off_for_unlimited_emulators():
 
 
 def test_limit_adapts_to_the_record_size():
-    """The first call asks for ``limit`` records; later ones for about ``target_response_bytes``."""
+    """The first call asks for at most 100 records; later ones for about ``target_response_bytes``."""
     client = FakeKinesis([plain(i, b"y" * 1000) for i in range(100)])
     _, report, _ = read(client, make_range(), limit=5, target_response_bytes=20_000)
     limits = [kwargs["Limit"] for op, kwargs in client.calls if op == "get_records"]
@@ -783,7 +786,7 @@ def test_limit_adapts_to_the_record_size():
     client = FakeKinesis([plain(i, b"y" * 1000) for i in range(100)])
     read(client, make_range(), limit=10_000, target_response_bytes=20_000)
     limits = [kwargs["Limit"] for op, kwargs in client.calls if op == "get_records"]
-    assert limits[0] == 10_000 and set(limits[1:]) == {20}
+    assert limits[0] == 100 and set(limits[1:]) == {20}
     assert report.records == 100
 
 

@@ -1,0 +1,102 @@
+"""The benchmark's Kinesis-limits proxy answers like the service, and our readers live within it."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from airflow_kinesis_spark.core.planner import plan_incremental
+from airflow_kinesis_spark.core.reader import ShardReader, read_concurrently
+from airflow_kinesis_spark.core.shards import list_shards
+from benchmarks.kinesis_limits import MIB, KinesisLimits, ThrottlingProxy
+from benchmarks.workload import access_log_lines, load_backlog, naive_consume
+from tests.conftest import DATA_DIR, REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
+
+pytestmark = [pytest.mark.integration]
+
+
+def client(endpoint: str, retries: int = 1):
+    import boto3
+
+    return boto3.client("kinesis", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=TEST_ACCESS_KEY,
+                        aws_secret_access_key=TEST_SECRET_KEY,
+                        config=Config(retries={"mode": "standard", "max_attempts": retries}))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lines():
+    return access_log_lines(DATA_DIR / "apache_access_log.gz")
+
+
+def ranges(kinesis, stream):
+    now = datetime.now(timezone.utc)
+    return plan_incremental(batch_id=1, stream_name=stream, consumer_name="c", shards=list_shards(kinesis, stream),
+                            checkpoints={}, cutoff=now, now=now, output_location="unused").ranges  # fmt: skip
+
+
+def test_paced_readers_stay_within_the_limits_and_unpaced_ones_are_throttled(kinesis, moto_endpoint, unique_name, lines):
+    create_stream(kinesis, unique_name, 2)
+    loaded = load_backlog(kinesis, unique_name, 8, lines)
+    with ThrottlingProxy(moto_endpoint) as proxy:
+        c = client(proxy.endpoint)
+        readers = [ShardReader(c, unique_name, r) for r in ranges(kinesis, unique_name)]
+        started = time.monotonic()
+        read = sum(len(page) for _, page in read_concurrently(readers) if page)
+        elapsed = time.monotonic() - started
+        assert read == loaded["user_records"]
+        assert proxy.stats["GetRecords.throttled"] <= 1, proxy.stats
+        # 2 shards x 2 MiB/s is the ceiling; paced readers come close to it without passing it.
+        assert loaded["bytes"] / elapsed <= 2 * 2 * MIB * 1.05
+        assert proxy.read_rate(unique_name) >= 0.6 * 2 * 2 * MIB
+
+        proxy.reset_stats()
+        unpaced = [ShardReader(c, unique_name, r, min_call_interval=0, read_bytes_per_second=None, backoff_base=0.05)
+                   for r in ranges(kinesis, unique_name)]  # fmt: skip
+        read = sum(len(page) for _, page in read_concurrently(unpaced) if page)
+        assert read == loaded["user_records"]  # throttling costs time, never records
+        assert proxy.stats["GetRecords.throttled"] > 0
+        assert sum(r.report.throttled_calls for r in unpaced) > 0
+
+
+def test_responses_are_cut_at_10_mib_and_the_naive_consumer_still_reads_everything(kinesis, moto_endpoint, unique_name, lines):
+    create_stream(kinesis, unique_name, 1)
+    loaded = load_backlog(kinesis, unique_name, 14, lines)
+    with ThrottlingProxy(moto_endpoint, KinesisLimits(throttle=False)) as proxy:
+        result = naive_consume(client(proxy.endpoint, retries=3), unique_name)
+        assert result.user_records == loaded["user_records"] and result.bytes == loaded["bytes"]
+        assert proxy.stats["GetRecords.cut_at_10MiB"] >= 1
+        assert proxy.stats["GetRecords.throttled"] == 0
+
+
+def test_limit_over_10000_is_rejected_and_iterators_expire(kinesis, moto_endpoint, unique_name):
+    create_stream(kinesis, unique_name, 1)
+    shard = kinesis.list_shards(StreamName=unique_name)["Shards"][0]["ShardId"]
+    with ThrottlingProxy(moto_endpoint, KinesisLimits(iterator_ttl_seconds=0.5)) as proxy:
+        c = client(proxy.endpoint)
+        iterator = c.get_shard_iterator(StreamName=unique_name, ShardId=shard, ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        with pytest.raises(ClientError, match="InvalidArgumentException"):
+            c.get_records(ShardIterator=iterator, Limit=10_001)
+        time.sleep(0.6)
+        with pytest.raises(c.exceptions.ExpiredIteratorException):
+            c.get_records(ShardIterator=iterator, Limit=10)
+        assert proxy.stats["GetRecords.expired"] == 1
+
+
+def test_five_calls_per_second_per_shard(kinesis, moto_endpoint, unique_name):
+    create_stream(kinesis, unique_name, 1)
+    shard = kinesis.list_shards(StreamName=unique_name)["Shards"][0]["ShardId"]
+    with ThrottlingProxy(moto_endpoint) as proxy:
+        c = client(proxy.endpoint)
+        iterator = c.get_shard_iterator(StreamName=unique_name, ShardId=shard, ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        outcomes = []
+        for _ in range(7):
+            try:
+                iterator = c.get_records(ShardIterator=iterator, Limit=10)["NextShardIterator"]
+                outcomes.append("ok")
+            except c.exceptions.ProvisionedThroughputExceededException:
+                outcomes.append("throttled")
+        assert outcomes[:5] == ["ok"] * 5 and "throttled" in outcomes[5:]
