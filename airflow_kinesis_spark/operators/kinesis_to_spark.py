@@ -76,6 +76,18 @@ SPARK_SCRIPT = "kinesis_batch.py"
 #: The shortest retention period a stream can have (24 hours, Kinesis developer guide).
 MIN_RETENTION = timedelta(hours=24)
 #: Environment variables by which PySpark marks a process as a Spark Connect client.
+#: Namespace of the Spark Connect session ids derived from a consumer (uuid5).
+_CONNECT_SESSION_NAMESPACE = uuid.UUID("6d2f3c1e-8a4b-4f0e-9c57-1b2a3d4e5f60")
+
+
+def _with_session_id(url: str, session_id: str) -> str:
+    """``url`` (``sc://host:port/;param=value...``) with its ``session_id`` parameter set."""
+    base, _, params = url.partition("/;")
+    base = base.rstrip("/")
+    kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
+    return f"{base}/;" + ";".join([*kept, f"session_id={session_id}"])
+
+
 CONNECT_ENV_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 #: How often an idle consumer records that its shards were empty up to the cutoff.
 IDLE_REFRESH = timedelta(hours=1)
@@ -212,6 +224,11 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     :param read_tasks: Spark tasks that read the shard ranges; each task reads its ranges at the
         same time, one thread per range. ``None``: Spark's default parallelism (at most one task
         per range).
+    :param spark_connect_reuse_session: over Spark Connect, keep one server session per
+        consumer (its id derived from stream and consumer names) across batches, so a warm batch
+        pays neither an artifact upload nor a Python worker start. The server drops it after its
+        idle timeout (``spark.connect.session.manager.defaultSessionTimeout``); a session it no
+        longer accepts is replaced by a new one.
     :param lease_seconds: a run holding a pending batch renews its lease every third of this
         (seconds); another run may take the batch over (re-using its plan) only after the lease
         expired. Keep it below the task's ``retry_delay``.
@@ -286,6 +303,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         min_call_interval: float = 0.2,
         read_bytes_per_second: float | None = READ_BYTES_PER_SECOND,
         read_tasks: int | None = None,
+        spark_connect_reuse_session: bool = True,
         allow_data_loss: bool = False,
         lease_seconds: float = 120.0,
         output_asset: bool = True,
@@ -316,6 +334,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         self.min_call_interval = min_call_interval
         self.read_bytes_per_second = read_bytes_per_second
         self.read_tasks = read_tasks
+        self.spark_connect_reuse_session = spark_connect_reuse_session
         self.allow_data_loss = allow_data_loss
         self._spark_hook: BatchSparkSubmitHook | None = None
 
@@ -688,12 +707,11 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         # started later from this process would inherit it and fail. Put the environment back after.
         _check_spark_connect(url, self.spark_conn_id)
         saved = {k: os.environ.get(k) for k in CONNECT_ENV_VARS}
-        spark = SparkSession.builder.remote(url).getOrCreate()
+        spark = None
         try:
             with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:
-                spark.addArtifacts(_core_zip(tmp), pyfile=True)
-                for extra in filter(None, (self.spark_py_files or "").split(",")):
-                    spark.addArtifacts(extra, pyfile=True)
+                artifacts = [_core_zip(tmp), *filter(None, (self.spark_py_files or "").split(","))]
+                spark = self._connect_session(SparkSession, url, plan, artifacts)
                 result = job.run(spark, plan.to_dict(), transform, self.kinesis_hook.spark_environment(),
                                  self._reader_options())  # fmt: skip
         except Exception as err:
@@ -701,7 +719,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
                 f"The Spark job of {self._what(plan)} failed over Spark Connect: {err}. {self._after_failure()}"
             ) from err
         finally:
-            spark.stop()
+            if spark is not None:
+                spark.stop()
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -712,6 +731,34 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             plan.batch_id, result["records"], result["read_seconds"], result["total_seconds"],
         )  # fmt: skip
         return [ShardReport.from_dict(r) for r in result["reports"]]
+
+    def _connect_session(self, session_cls: Any, url: str, plan: BatchPlan, artifacts: list[str]) -> Any:
+        """A Spark Connect session with the job's code added as artifacts.
+
+        With ``spark_connect_reuse_session`` the session id is derived from the stream and the
+        consumer, and the session is not released when the run ends: the next batch of this
+        consumer finds its artifacts and warm Python workers on the server (no worker start, no
+        upload). A session the server no longer accepts (expired, released, or holding other
+        artifacts) is replaced by a new one, released at the end.
+        """
+        if self.spark_connect_reuse_session:
+            session_id = str(uuid.uuid5(_CONNECT_SESSION_NAMESPACE, f"{type(self).__name__}/{plan.stream_name}/{plan.consumer_name}"))
+            spark = None
+            try:
+                spark = session_cls.builder.remote(_with_session_id(url, session_id)).getOrCreate()
+                spark.release_session_on_close = False
+                for artifact in artifacts:
+                    spark.addArtifacts(artifact, pyfile=True)
+                return spark
+            except Exception as err:  # noqa: BLE001 - any refusal: fall back to a new session
+                self.log.info("Spark Connect session %s not reusable (%s); starting a new one", session_id, err)
+                if spark is not None:
+                    spark.release_session_on_close = True
+                    spark.stop()
+        spark = session_cls.builder.remote(url).getOrCreate()
+        for artifact in artifacts:
+            spark.addArtifacts(artifact, pyfile=True)
+        return spark
 
     def _run_spark_submit(self, plan: BatchPlan) -> list[ShardReport]:
         with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:

@@ -56,3 +56,41 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     assert TEST_SECRET_KEY not in captured.out + captured.err
     # the process is not left marked as a Spark Connect client (a later spark-submit would fail)
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_REMOTE" not in os.environ
+
+
+def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections, kinesis, unique_name, tmp_path, caplog, capfd):
+    """Warm batches re-use one server session per consumer; a session the server dropped is replaced."""
+    import logging
+    import uuid
+
+    from pyspark.sql import SparkSession
+
+    from airflow_kinesis_spark.operators.kinesis_to_spark import _CONNECT_SESSION_NAMESPACE, _with_session_id
+
+    caplog.set_level(logging.INFO)
+    create_stream(kinesis, unique_name, 1)
+    output = tmp_path / "out"
+
+    def run():
+        return KinesisToSparkOperator(
+            task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+            output_path=str(output), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+        ).execute({})  # fmt: skip
+
+    put_plain(kinesis, unique_name, [("k", b"one")])
+    assert run()["records"] == 1
+    put_plain(kinesis, unique_name, [("k", b"two")])
+    assert run()["records"] == 1
+    logs = caplog.text + "".join(capfd.readouterr())
+    assert "Running the Spark job of batch 2" in logs and "not reusable" not in logs
+    # Release the consumer's session as another client could; the next batch must still run.
+    session_id = str(uuid.uuid5(_CONNECT_SESSION_NAMESPACE, f"KinesisToSparkOperator/{unique_name}/lake"))
+    conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_TEST"])
+    other = SparkSession.builder.remote(_with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)).getOrCreate()
+    other.stop()  # releases it on the server
+    for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):  # set by this test's own client
+        os.environ.pop(key, None)
+    put_plain(kinesis, unique_name, [("k", b"three")])
+    assert run()["records"] == 1
+    assert "not reusable" in caplog.text + "".join(capfd.readouterr())
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
