@@ -8,43 +8,80 @@ Examples::
 
 AWS access comes from the default chain (environment, profile, instance role), or from an
 Airflow connection with ``--aws-conn-id``. ``--endpoint-url`` points both Kinesis and DynamoDB at
-a local emulator.
+a local emulator. Tables and JSON go to stdout; progress goes to stderr, and only when stderr is
+an interactive terminal. See docs/cli.md.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.admin import rewind as do_rewind
-from airflow_kinesis_spark.core.lag import measure_lag
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
+#: Threads probing shards in parallel (as ``core.lag.measure_lag``).
+PROBE_WORKERS = 16
 
 
 def _console() -> Console:
-    """A console sized to the terminal now (``COLUMNS`` is honoured)."""
+    """The stdout console, sized to the terminal now (``COLUMNS`` is honoured)."""
     return Console()
 
 
+@contextmanager
+def _progress() -> Iterator[Progress]:
+    """A progress display on stderr, shown only when stderr is an interactive terminal.
+
+    Nothing of it reaches stdout, so ``--json`` output stays parseable. Rich's ``TTY_INTERACTIVE``
+    environment variable (``0``/``1``) overrides the detection.
+    """
+    console = Console(stderr=True)
+    progress = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True, disable=not console.is_interactive,
+    )  # fmt: skip
+    with progress:
+        yield progress
+
+
 def _clients(ctx: click.Context) -> tuple[Any, Any]:
+    """Kinesis and DynamoDB clients whose endpoints answered (see ``core.admin.check_endpoint``).
+
+    :raises EndpointUnreachableError: an endpoint does not answer, within seconds.
+    """
     opts = ctx.obj
     if opts["aws_conn_id"]:
         from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
         from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
 
+        # Importing Airflow configured its logging (structlog) to stdout: stdout is for the table or the JSON.
+        from airflow.sdk.log import configure_logging
+
+        configure_logging(log_level="INFO" if opts["verbose"] else "WARNING", output=sys.stderr)
+        # The hooks check their endpoints on first use of ``conn``.
         return (KinesisStreamHook(aws_conn_id=opts["aws_conn_id"], region_name=opts["region"]).conn,
                 DynamoDBCheckpointHook(aws_conn_id=opts["aws_conn_id"], region_name=opts["region"]).conn)  # fmt: skip
     import boto3
 
     session = boto3.session.Session(profile_name=opts["profile"], region_name=opts["region"])
-    return (session.client("kinesis", endpoint_url=opts["endpoint_url"]),
-            session.client("dynamodb", endpoint_url=opts["endpoint_url"]))  # fmt: skip
+    clients = (session.client("kinesis", endpoint_url=opts["endpoint_url"]),
+               session.client("dynamodb", endpoint_url=opts["endpoint_url"]))  # fmt: skip
+    source = "--endpoint-url" if opts["endpoint_url"] else "the AWS configuration" + (f" of profile {opts['profile']!r}" if opts["profile"] else "")
+    for client in clients:
+        check_endpoint(client, source, hint="Check --endpoint-url, --region and the network path (DNS, proxy, VPC endpoint).")
+    return clients
 
 
 def _store(ctx: click.Context, stream: str, consumer: str, table: str) -> tuple[Any, DynamoDBCheckpointStore]:
@@ -59,23 +96,83 @@ def _age(ms: int | None) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+def _add_columns(grid: Table, *headers: str, right: tuple[int, ...] = ()) -> None:
+    """Columns that stay readable in 80 columns: shard ids are never broken, headers wrap only
+    between words, long values (56-digit sequence numbers) fold."""
+    for index, header in enumerate(headers):
+        grid.add_column(
+            header, justify="right" if index in right else "left", no_wrap=header == "shard", overflow="fold",
+            min_width=max(len(word) for word in header.split()),
+        )  # fmt: skip
+
+
+def _measure_lag(kinesis: Any, store: DynamoDBCheckpointStore, checkpoints: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """``core.lag.measure_lag``, with a progress bar over the shard probes.
+
+    The same building blocks in the same order (list the shards, plan from the committed
+    checkpoints, one ``probe_range`` per readable shard, ``lag_summary``); the probes are
+    collected as they finish so the bar can advance.
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from datetime import datetime, timezone
+
+    from airflow_kinesis_spark.core.lag import lag_plan, lag_summary, shard_lag
+    from airflow_kinesis_spark.core.reader import probe_range
+    from airflow_kinesis_spark.core.shards import list_shards
+
+    now = datetime.now(timezone.utc)
+    task = progress.add_task(f"Listing the shards of {store.stream_name}", total=None)
+    shards = list_shards(kinesis, store.stream_name)
+    plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now)
+    progress.update(task, description=f"Probing {len(plan.ranges)} of {len(shards)} shards", total=len(plan.ranges), completed=0)
+    lags = {}
+    if plan.ranges:
+        with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(plan.ranges))) as pool:
+            futures = {pool.submit(probe_range, kinesis, store.stream_name, r, min_call_interval=0): r for r in plan.ranges}
+            for future in as_completed(futures):
+                rng = futures[future]
+                lags[rng.shard_id] = shard_lag(rng, future.result(), now)
+                progress.advance(task)
+    return lag_summary([lags[r.shard_id] for r in plan.ranges], plan, now)
+
+
 class _Group(click.Group):
     """Report known errors as one clear line (exit status 1), not a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         from airflow_kinesis_spark.exceptions import KinesisSparkError
 
         try:
             return super().invoke(ctx)
-        except (ValueError, KinesisSparkError) as err:
+        except (ValueError, KinesisSparkError, BotoCoreError, ClientError) as err:
             raise click.ClickException(f"{type(err).__name__}: {err}") from err
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--endpoint-url", default=None, help="Endpoint for Kinesis and DynamoDB (e.g. a local emulator).")
+MAIN_EPILOG = """\b
+Examples:
+  kinesis-spark --region eu-west-1 \\
+      checkpoints my-stream -c my-app -t my_checkpoints
+  kinesis-spark --aws-conn-id aws_default \\
+      rewind my-stream -c my-app -t my_checkpoints --to TRIM_HORIZON --dry-run
+  kinesis-spark --endpoint-url http://127.0.0.1:5000 --region us-east-1 \\
+      checkpoints my-stream -c my-app -t my_checkpoints --json
+
+\b
+Exit status:
+  0  success
+  1  an error, reported on one line (Error: <type>: <message>),
+     or a declined confirmation
+  2  a usage error (unknown option, missing argument)
+"""
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=MAIN_EPILOG)
+@click.option("--endpoint-url", default=None, metavar="URL", help="Endpoint for Kinesis and DynamoDB (e.g. a local emulator).")
 @click.option("--region", default=None, help="AWS region (default: the AWS configuration's).")
 @click.option("--profile", default=None, help="AWS profile (default: the default chain).")
-@click.option("--aws-conn-id", default=None, help="Use this Airflow connection instead of the default chain.")
+@click.option("--aws-conn-id", default=None, metavar="CONN_ID", help="Use this Airflow aws connection instead of the default chain.")
 @click.option("-v", "--verbose", is_flag=True, help="Log what happens (shard ids, calls, commits).")
 @click.pass_context
 def main(
@@ -83,16 +180,20 @@ def main(
 ) -> None:
     """Inspect and reset the checkpoints of airflow-kinesis-spark consumers.
 
-    Example: kinesis-spark --region eu-west-1 checkpoints my-stream -c my-consumer -t my_checkpoints
+    AWS access comes from boto3's default chain (environment, profile, instance role), or from an
+    Airflow aws connection with --aws-conn-id. Tables and JSON go to stdout; progress goes to
+    stderr when it is an interactive terminal. An endpoint that does not answer fails within
+    seconds. Run 'kinesis-spark COMMAND --help' for a command's options and examples.
     """
+    # Log records go to stderr (basicConfig's default stream): INFO with --verbose, else warnings only.
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    ctx.obj = {"endpoint_url": endpoint_url, "region": region, "profile": profile, "aws_conn_id": aws_conn_id}
+    ctx.obj = {"endpoint_url": endpoint_url, "region": region, "profile": profile, "aws_conn_id": aws_conn_id, "verbose": verbose}
 
 
 consumer_options = [
     click.argument("stream"),
-    click.option("-c", "--consumer", required=True, help="Consumer (application) name."),
-    click.option("-t", "--table", required=True, help="DynamoDB checkpoint table."),
+    click.option("-c", "--consumer", required=True, metavar="NAME", help="Consumer (application) name."),
+    click.option("-t", "--table", required=True, metavar="NAME", help="DynamoDB checkpoint table."),
 ]
 
 
@@ -102,30 +203,42 @@ def with_consumer(func: Any) -> Any:
     return func
 
 
-@main.command()
+CHECKPOINTS_EPILOG = """\b
+Examples:
+  # one row per shard: checkpoint, records waiting, oldest waiting, state
+  kinesis-spark checkpoints my-stream -c my-app -t my_checkpoints
+  # the same as JSON (the lag sensor's summary), e.g. for jq
+  kinesis-spark checkpoints my-stream -c my-app -t my_checkpoints --json \\
+      | jq .lag.max_age_ms
+"""
+
+
+@main.command(epilog=CHECKPOINTS_EPILOG)
 @with_consumer
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 def checkpoints(ctx: click.Context, stream: str, consumer: str, table: str, as_json: bool) -> None:
     """List a consumer's checkpoints and lag, one row per shard.
 
-    Example: kinesis-spark checkpoints my-stream -c my-consumer -t my_checkpoints
+    The lag of each readable shard is measured from its committed checkpoint with one probe
+    (GetShardIterator, GetRecords with Limit 1), as the lag sensor does. Reads only.
     """
-    kinesis, store = _store(ctx, stream, consumer, table)
-    head = store.head()
-    console = _console()
-    with console.status(f"Measuring the lag of {consumer} on {stream}..."):
-        lag = measure_lag(kinesis, store)
+    with _progress() as progress:
+        task = progress.add_task(f"Reading the checkpoints of {consumer}", total=None)
+        kinesis, store = _store(ctx, stream, consumer, table)
+        head = store.head()
+        checkpoints_now = store.committed_checkpoints(head)
+        progress.remove_task(task)
+        lag = _measure_lag(kinesis, store, checkpoints_now, progress)
     if as_json:
         click.echo(json.dumps({"committed_batch_id": head.committed_batch_id, "pending_batch_id": head.pending_batch_id,
                                "lag": lag}, indent=2))  # fmt: skip
         return
-    checkpoints_now = store.committed_checkpoints(head)
-    grid = Table(title=f"{stream} / {consumer}  (committed batch {head.committed_batch_id}"
+    grid = Table(show_edge=False, title=f"{stream} / {consumer}  (committed batch {head.committed_batch_id}"
                  + (f", pending batch {head.pending_batch_id}" if head.pending_batch_id else "") + ")")  # fmt: skip
-    for column in ("shard", "checkpoint", "records waiting", "oldest waiting", "MillisBehindLatest", "state"):
-        grid.add_column(column, justify="right" if column in ("oldest waiting", "MillisBehindLatest") else "left")
-    for shard_id in sorted(set(checkpoints_now) | set(lag["shards"]) | set(lag["waiting_shards"])):
+    _add_columns(grid, "shard", "checkpoint", "records waiting", "oldest waiting", "behind latest", "state", right=(3, 4))
+    shard_ids = sorted(set(checkpoints_now) | set(lag["shards"]) | set(lag["waiting_shards"]))
+    for shard_id in shard_ids:
         row = lag["shards"].get(shard_id)
         checkpoint = str(checkpoints_now[shard_id]) if shard_id in checkpoints_now else (row or {}).get("checkpoint", "-")
         if row:
@@ -134,40 +247,73 @@ def checkpoints(ctx: click.Context, stream: str, consumer: str, table: str, as_j
         else:
             state = "waiting for parents" if shard_id in lag["waiting_shards"] else "done (SHARD_END)"
             waiting, age, behind = "-", "-", None
-        grid.add_row(shard_id, checkpoint, waiting, age, "-" if behind is None else str(behind), state)
-    console.print(grid)
+        grid.add_row(shard_id, checkpoint, waiting, age, _age(behind), state)
+    waiting_count = len(lag["shards_with_unconsumed"])
+    grid.caption = (
+        f"{len(shard_ids)} shards, {len(lag['shards'])} readable, {waiting_count} with records waiting"
+        + (f", oldest waiting {_age(lag['max_age_ms'])}" if waiting_count else "")
+    )
+    _console().print(grid)
 
 
-@main.command()
+REWIND_EPILOG = """\b
+Examples:
+  # look first: the positions it would set; nothing is written
+  kinesis-spark rewind my-stream -c my-app -t my_checkpoints \\
+      --to 2026-11-20T00:00:00Z --dry-run
+  # re-read everything the stream still holds, without asking
+  kinesis-spark rewind my-stream -c my-app -t my_checkpoints \\
+      --to TRIM_HORIZON --yes
+  # skip the backlog, dropping a pending batch first; the result as JSON
+  kinesis-spark rewind my-stream -c my-app -t my_checkpoints \\
+      --to LATEST --discard-pending --yes --json
+"""
+
+
+@main.command(epilog=REWIND_EPILOG, short_help="Reset checkpoints to a time, TRIM_HORIZON or LATEST.")
 @with_consumer
-@click.option("--to", "to", required=True, help="TRIM_HORIZON, LATEST, or an ISO 8601 UTC timestamp.")
+@click.option("--to", "to", required=True, metavar="TARGET", help="TRIM_HORIZON, LATEST, or an ISO 8601 UTC timestamp.")
 @click.option("--dry-run", is_flag=True, help="Show the positions it would set; change nothing.")
 @click.option("--discard-pending", is_flag=True, help="Drop a pending (uncommitted) batch first.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table (the prompt goes to stderr).")
 @click.pass_context
-def rewind(ctx: click.Context, stream: str, consumer: str, table: str, to: str, dry_run: bool, discard_pending: bool, yes: bool) -> None:
+def rewind(
+    ctx: click.Context, stream: str, consumer: str, table: str, to: str, dry_run: bool, discard_pending: bool, yes: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Reset a consumer's checkpoints to a time, TRIM_HORIZON or LATEST.
 
-    Example: kinesis-spark rewind my-stream -c my-consumer -t my_checkpoints --to 2026-11-20T00:00:00Z --dry-run
+    Shows the new positions first, then asks before writing them (unless --yes). The rewind is
+    committed like a batch: fenced, one conditional write for every shard.
     """
     console = _console()
-    kinesis, store = _store(ctx, stream, consumer, table)
-    preview = do_rewind(kinesis, store, to, dry_run=True, owner="cli")
-    grid = Table(title=f"Rewind {stream} / {consumer} to {to}" + (" (dry run)" if dry_run else ""))
-    for column in ("shard", "from", "to"):
-        grid.add_column(column)
-    for shard_id, change in preview["shards"].items():
-        grid.add_row(shard_id, change["from"] or "-", change["to"] or "(removed)")
-    console.print(grid)
+    with _progress() as progress:
+        progress.add_task(f"Listing the shards of {stream} and reading the checkpoints of {consumer}", total=None)
+        kinesis, store = _store(ctx, stream, consumer, table)
+        preview = do_rewind(kinesis, store, to, dry_run=True, owner="cli")
+    if not as_json:
+        # The heading is printed on its own: as the title of a narrow table it would wrap.
+        console.print(f"Rewind {stream} / {consumer} to {to}" + (" (dry run)" if dry_run else ""), style="italic", highlight=False)
+        grid = Table(show_edge=False)
+        _add_columns(grid, "shard", "from", "to")
+        for shard_id, change in preview["shards"].items():
+            grid.add_row(shard_id, change["from"] or "-", change["to"] or "(removed)")
+        console.print(grid)
     if dry_run:
+        if as_json:
+            click.echo(json.dumps(preview, indent=2))
         return
     if not yes:
-        click.confirm("Set these checkpoints?", abort=True)
-    result = do_rewind(kinesis, store, to, discard_pending=discard_pending, owner=f"cli.{uuid.uuid4().hex[:8]}")
+        click.confirm(f"Set the checkpoints of {len(preview['shards'])} shards?" if as_json else "Set these checkpoints?",
+                      abort=True, err=as_json)  # fmt: skip
+    with _progress() as progress:
+        progress.add_task(f"Rewinding {consumer} on {stream}", total=None)
+        result = do_rewind(kinesis, store, to, discard_pending=discard_pending, owner=f"cli.{uuid.uuid4().hex[:8]}")
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
     if result["discarded_batch_id"]:
-        console.print(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output'] or 'no output'}).")
-    console.print(f"Rewound as batch {result['batch_id']}.")
-
-
-if __name__ == "__main__":
-    main()
+        console.print(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output'] or 'no output'}).",
+                      soft_wrap=True)  # fmt: skip
+    console.print(f"Rewound as batch {result['batch_id']}.", soft_wrap=True)

@@ -16,6 +16,7 @@ __all__ = [
     "DataLossError",
     "CorruptAggregateError",
     "ReportValidationError",
+    "EndpointUnreachableError",
 ]
 
 
@@ -73,3 +74,11 @@ class CorruptAggregateError(KinesisSparkError):
 
 class ReportValidationError(KinesisSparkError):
     """The Spark job's per-shard report does not match the batch plan; nothing is committed."""
+
+
+class EndpointUnreachableError(KinesisSparkError):
+    """An endpoint a connection points at does not answer (names the connection, service and endpoint).
+
+    Raised by the first use of a connection (see ``core.admin.check_endpoint``), before anything
+    is read or written.
+    """

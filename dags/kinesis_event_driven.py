@@ -13,16 +13,16 @@ Spark job. A triggerer needs to run (``airflow triggerer``).
 
 Settings come from environment variables (as in kinesis_microbatch.py); this DAG has its own
 consumer and output defaults, so it does not share checkpoints or batch directories with
-kinesis_microbatch. When both run against one stream, give each its own KINESIS_CONSUMER and
-KINESIS_OUTPUT_PATH.
+kinesis_microbatch; its consumer and output path have their own variables, so one environment
+can run both DAGs against one stream.
 
 ================================  ==========================================  ================================
 variable                          meaning                                     default
 ================================  ==========================================  ================================
 KINESIS_STREAM                    stream name                                 apache-access-log
-KINESIS_CONSUMER                  consumer (application) name                 parquet-lake-events
+KINESIS_EVENT_DRIVEN_CONSUMER     consumer (application) name                 parquet-lake-events
 KINESIS_CHECKPOINT_TABLE          DynamoDB table of the checkpoints           kinesis_spark_checkpoints
-KINESIS_OUTPUT_PATH               Parquet root (local path, s3a://...)        /tmp/kinesis_spark_output_events
+KINESIS_EVENT_DRIVEN_OUTPUT_PATH  Parquet root (local path, s3a://...)        /tmp/kinesis_spark_output_events
 KINESIS_BACKLOG_MIN_RECORDS       records waiting that start a run, 1..10000  1000 (empty: no count threshold)
 KINESIS_BACKLOG_MIN_AGE_SECONDS   age of the oldest waiting record (s)        300 (empty: no age threshold)
 KINESIS_BACKLOG_POLL_SECONDS      seconds between two polls, at least 5       30
@@ -40,9 +40,9 @@ from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOpera
 from airflow_kinesis_spark.triggers.kinesis import KinesisBacklogTrigger
 
 STREAM = os.environ.get("KINESIS_STREAM", "apache-access-log")
-CONSUMER = os.environ.get("KINESIS_CONSUMER", "parquet-lake-events")
+CONSUMER = os.environ.get("KINESIS_EVENT_DRIVEN_CONSUMER", "parquet-lake-events")
 TABLE = os.environ.get("KINESIS_CHECKPOINT_TABLE", "kinesis_spark_checkpoints")
-OUTPUT = os.environ.get("KINESIS_OUTPUT_PATH", "/tmp/kinesis_spark_output_events")
+OUTPUT = os.environ.get("KINESIS_EVENT_DRIVEN_OUTPUT_PATH", "/tmp/kinesis_spark_output_events")
 MIN_RECORDS = os.environ.get("KINESIS_BACKLOG_MIN_RECORDS", "1000").strip()
 MIN_AGE_SECONDS = os.environ.get("KINESIS_BACKLOG_MIN_AGE_SECONDS", "300").strip()
 POLL_SECONDS = float(os.environ.get("KINESIS_BACKLOG_POLL_SECONDS", "30"))

@@ -7,14 +7,15 @@ retry, so retries neither lose nor duplicate records.
 
 Settings come from environment variables so the same file runs locally and on AWS:
 
-========================  =====================================  ==============================
-variable                  meaning                                default
-========================  =====================================  ==============================
-KINESIS_STREAM            stream name                            apache-access-log
-KINESIS_CONSUMER          consumer (application) name            parquet-lake
-KINESIS_CHECKPOINT_TABLE  DynamoDB table of the checkpoints      kinesis_spark_checkpoints
-KINESIS_OUTPUT_PATH       Parquet root (local path, s3a://...)   /tmp/kinesis_spark_output
-========================  =====================================  ==============================
+===================================  =====================================  ==============================
+variable                             meaning                                default
+===================================  =====================================  ==============================
+KINESIS_STREAM                       stream name                            apache-access-log
+KINESIS_CONSUMER                     consumer (application) name            parquet-lake
+KINESIS_CHECKPOINT_TABLE             DynamoDB table of the checkpoints      kinesis_spark_checkpoints
+KINESIS_OUTPUT_PATH                  Parquet root (local path, s3a://...)   /tmp/kinesis_spark_output
+KINESIS_MICROBATCH_INTERVAL_SECONDS  seconds between two scheduled runs     600
+===================================  =====================================  ==============================
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOpera
 # [START howto_operator_kinesis_to_spark]
 @dag(
     dag_id="kinesis_microbatch",
-    schedule=timedelta(minutes=10),
+    schedule=timedelta(seconds=int(os.environ.get("KINESIS_MICROBATCH_INTERVAL_SECONDS", "600"))),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

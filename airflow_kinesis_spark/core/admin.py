@@ -1,4 +1,5 @@
-"""Checkpoint administration shared by the rewind operator and the command-line tool. No Airflow import."""
+"""Checkpoint administration shared by the rewind operator and the command-line tool, and the
+endpoint check shared by the hooks and the command-line tool. No Airflow import."""
 
 from __future__ import annotations
 
@@ -7,9 +8,77 @@ from typing import Any
 
 from airflow_kinesis_spark.core.planner import rewind_checkpoints
 from airflow_kinesis_spark.core.shards import list_shards
-from airflow_kinesis_spark.exceptions import CheckpointConflictError
+from airflow_kinesis_spark.exceptions import CheckpointConflictError, EndpointUnreachableError
 
-__all__ = ["rewind"]
+__all__ = ["rewind", "check_endpoint"]
+
+#: Budget of :func:`check_endpoint`: connect timeout (seconds), read timeout (seconds) and
+#: attempts. botocore's defaults are 60 s, 60 s and 5 attempts (legacy retry mode): a connection
+#: pointing nowhere would take minutes to fail. Real AWS endpoints answer within milliseconds.
+CHECK_CONNECT_TIMEOUT = 3.0
+CHECK_READ_TIMEOUT = 5.0
+CHECK_ATTEMPTS = 2
+#: Per service, a call without parameters used as the probe. Sent unsigned, AWS rejects it
+#: (``MissingAuthenticationToken``) before any authorization, so it needs no IAM permission.
+_PROBES = {"kinesis": ("list_streams", {"Limit": 1}), "dynamodb": ("list_tables", {"Limit": 1}),
+           "sts": ("get_caller_identity", {})}  # fmt: skip
+
+
+def check_endpoint(client: Any, source: str, *, hint: str = "", verify: bool | str | None = None) -> None:
+    """Fail fast when the endpoint of ``client`` does not answer.
+
+    Sends one unsigned request (``ListStreams``, ``ListTables`` or ``GetCallerIdentity``) to the
+    client's endpoint, with the client's region, proxies and TLS settings, on a short budget
+    (:data:`CHECK_CONNECT_TIMEOUT`, :data:`CHECK_READ_TIMEOUT`, :data:`CHECK_ATTEMPTS`; lower
+    timeouts of the client's own config are kept). Any HTTP answer, an error included, means the
+    endpoint is reachable; the answer is discarded. Only a failure to connect (refused,
+    unresolvable host, connect timeout, proxy or TLS failure) or no answer within the read
+    timeout raises. The client itself, and its retry settings, are not touched.
+
+    :param client: a boto3 client of Kinesis, DynamoDB or STS.
+    :param source: where the endpoint came from, for the message, e.g. ``aws connection 'aws_default'``.
+    :param hint: what to check, appended to the message.
+    :param verify: TLS verification of the client (``False`` or a CA bundle path), as given to boto3.
+    :raises EndpointUnreachableError: naming the service, the endpoint, the region and ``source``.
+    """
+    import botocore.session
+    from botocore import UNSIGNED
+    from botocore.config import Config
+    from botocore.exceptions import ConnectionError as BotocoreConnectionError
+    from botocore.exceptions import ReadTimeoutError
+
+    meta = client.meta
+    service = meta.service_model.service_name
+    own = meta.config
+    config = own.merge(
+        Config(
+            signature_version=UNSIGNED,
+            connect_timeout=min(own.connect_timeout or CHECK_CONNECT_TIMEOUT, CHECK_CONNECT_TIMEOUT),
+            read_timeout=min(own.read_timeout or CHECK_READ_TIMEOUT, CHECK_READ_TIMEOUT),
+            retries={"mode": "standard", "total_max_attempts": CHECK_ATTEMPTS},
+        )
+    )
+    probe = botocore.session.get_session().create_client(
+        service, region_name=meta.region_name, endpoint_url=meta.endpoint_url, config=config, verify=verify
+    )
+    operation, params = _PROBES[service]
+    try:
+        getattr(probe, operation)(**params)
+    except (BotocoreConnectionError, ReadTimeoutError) as err:
+        name = meta.service_model.service_id
+        raise EndpointUnreachableError(
+            f"Cannot reach {name} at {meta.endpoint_url} ({source}, region {meta.region_name!r}): {err} "
+            f"[{CHECK_ATTEMPTS} attempts, connect timeout {config.connect_timeout:g} s, read timeout {config.read_timeout:g} s]."
+            + (f" {hint}" if hint else ""),
+            service=name,
+            endpoint=meta.endpoint_url,
+            region=meta.region_name,
+            source=source,
+        ) from err
+    except Exception:  # noqa: BLE001, S110 - any answer, an error included, means the endpoint answered
+        pass
+    finally:
+        probe.close()
 
 
 def rewind(

@@ -64,10 +64,17 @@ def parse_sequence_number(value: str) -> int:
 
 
 def to_utc(value: datetime) -> datetime:
-    """Return ``value`` as an aware UTC datetime; a naive datetime is taken to be UTC."""
+    """Return ``value`` as a plain aware UTC :class:`datetime.datetime`; a naive one is taken to be UTC.
+
+    Subclasses (pendulum's ``DateTime``, which Airflow puts in ``data_interval_end``) become plain
+    datetimes: pendulum drops a ``datetime.timezone.utc`` tzinfo in arithmetic, and the naive
+    result would not compare with aware ones.
+    """
     if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
+        value = value.replace(tzinfo=timezone.utc)
+    value = value.astimezone(timezone.utc)
+    return datetime(value.year, value.month, value.day, value.hour, value.minute, value.second,
+                    value.microsecond, tzinfo=timezone.utc)  # fmt: skip
 
 
 def format_timestamp(value: datetime) -> str:

@@ -11,7 +11,13 @@ __all__ = ["ConsumerHooksMixin"]
 
 
 class ConsumerHooksMixin:
-    """``kinesis_hook`` and ``checkpoint_hook`` on the task's ``aws_conn_id`` and ``region_name``."""
+    """``kinesis_hook`` and ``checkpoint_hook`` on the task's ``aws_conn_id`` and ``region_name``.
+
+    Built lazily, in ``execute``/``poke``. The first call of either hook checks within seconds that
+    its endpoint answers, and raises ``EndpointUnreachableError`` naming the connection, the
+    service and the endpoint if it does not (see
+    :class:`~airflow_kinesis_spark.hooks.kinesis.FailFastAwsHook`).
+    """
 
     aws_conn_id: str | None
     region_name: str | None

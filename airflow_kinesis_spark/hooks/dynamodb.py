@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.hooks.kinesis import FailFastAwsHook
 
 __all__ = ["DynamoDBCheckpointHook"]
 
 
-class DynamoDBCheckpointHook(AwsBaseHook):
+class DynamoDBCheckpointHook(FailFastAwsHook):
     """Checkpoints and batch log of Kinesis consumers in DynamoDB.
 
     Credentials, region and ``endpoint_url`` come from the ``aws`` connection. Additional
     arguments (such as ``aws_conn_id``) are passed down to
-    :class:`~airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook`.
+    :class:`~airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook`. A connection whose endpoint
+    does not answer fails within seconds on first use (see
+    :class:`~airflow_kinesis_spark.hooks.kinesis.FailFastAwsHook`).
 
     .. seealso:: docs/concepts.md (the checkpoint store's layout)
     """

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Any
 
-from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFactory
 
+from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.shards import Shard, list_shards
 
-__all__ = ["KinesisStreamHook", "validate_stream_name"]
+__all__ = ["FailFastAwsHook", "KinesisStreamHook", "validate_stream_name"]
 
 # Kinesis stream names: 1-128 characters of a-z, A-Z, 0-9, '_', '-', '.' (Kinesis API reference, CreateStream).
 _STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
@@ -28,13 +30,68 @@ def validate_stream_name(name: str) -> str:
     return name
 
 
-class KinesisStreamHook(AwsBaseHook):
+class FailFastAwsHook(AwsBaseHook):
+    """:class:`AwsBaseHook` whose client checks, on first use and within seconds, that its endpoint answers.
+
+    Without the check, a connection that points nowhere (a closed port, an unresolvable host, an
+    address that drops packets) fails only after botocore's connect timeout (60 s) times its
+    retries: minutes. The first access of ``conn`` sends one unsigned request to the service's
+    endpoint, and, with ``role_arn``, to the STS endpoint of the assume-role call, on a budget of
+    a few seconds (:func:`~airflow_kinesis_spark.core.admin.check_endpoint`). The request needs no
+    IAM permission. The client itself keeps the connection's timeouts and retries (``config_kwargs``)
+    for every real call, so throttling and transient errors on AWS are retried as before.
+
+    :raises EndpointUnreachableError: (from ``conn``) naming the connection, the service, its
+        endpoint and region, and what to check.
+    """
+
+    @property
+    def connection_description(self) -> str:
+        """``aws connection 'aws_default'``, or what is used instead of one (for messages)."""
+        if not self.aws_conn_id:
+            return "boto3's default chain (aws_conn_id=None)"
+        if self.conn_config.conn_id is None:
+            return f"aws connection {self.aws_conn_id!r} (not found: boto3's default chain)"
+        return f"aws connection {self.aws_conn_id!r}"
+
+    @cached_property
+    def conn(self) -> Any:
+        """The boto3 client (cached), once its endpoint answered.
+
+        :raises EndpointUnreachableError: the service's or, with ``role_arn``, STS's endpoint does not answer.
+        """
+        source = self.connection_description
+        if self.conn_config.role_arn:
+            sts = SessionFactory(conn=self.conn_config, region_name=self.region_name, config=self.config).basic_session.client(
+                "sts", endpoint_url=self.conn_config.get_service_endpoint_url("sts", sts_connection_assume=True),
+                config=self.config, verify=self.verify,
+            )  # fmt: skip
+            check_endpoint(sts, f"{source}, assume-role call for role_arn {self.conn_config.role_arn!r}",
+                           hint=self._endpoint_hint("sts"), verify=self.verify)  # fmt: skip
+        client = self.get_client_type(region_name=self.region_name)
+        check_endpoint(client, source, hint=self._endpoint_hint(self.service_name), verify=self.verify)
+        return client
+
+    def _endpoint_hint(self, service: str) -> str:
+        where = f"extra 'service_config': {{'{service}': {{'endpoint_url': ...}}}}"
+        if service == "sts":
+            where += " (the assume-role call does not use the extra 'endpoint_url')"
+        else:
+            where += " or extra 'endpoint_url'"
+        return (
+            f"Check the endpoint of the connection ({where}), its 'region_name', and the network path "
+            "from this machine (DNS, proxy, VPC endpoint, security groups)."
+        )
+
+
+class KinesisStreamHook(FailFastAwsHook):
     """Interact with Amazon Kinesis Data Streams through boto3.
 
     Credentials, region, ``endpoint_url`` (connection extra ``endpoint_url``, or per service in
     ``service_config``) and botocore config come from the ``aws`` connection, as for every hook
     of the amazon provider. Additional arguments (such as ``aws_conn_id``) are passed down to
-    :class:`~airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook`.
+    :class:`~airflow.providers.amazon.aws.hooks.base_aws.AwsBaseHook`. A connection whose endpoint
+    does not answer fails within seconds on first use (see :class:`FailFastAwsHook`).
 
     .. seealso:: docs/operators.md
     """

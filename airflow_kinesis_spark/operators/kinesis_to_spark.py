@@ -703,9 +703,9 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         transform = resolve_transform(self.transform) if self.transform else None
         url = SparkConnectHook(conn_id=self.spark_conn_id).get_connection_url()
         self.log.info("Running the Spark job of batch %d over Spark Connect (%d shard ranges)", plan.batch_id, len(plan.ranges))
+        _check_spark_connect(url, self.spark_conn_id)
         # PySpark marks the whole process as a Spark Connect client in os.environ; a spark-submit
         # started later from this process would inherit it and fail. Put the environment back after.
-        _check_spark_connect(url, self.spark_conn_id)
         saved = {k: os.environ.get(k) for k in CONNECT_ENV_VARS}
         spark = None
         try:

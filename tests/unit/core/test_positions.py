@@ -272,3 +272,18 @@ class TestTimestamps:
         shifted = to_utc(datetime(2020, 1, 1, 1, tzinfo=timezone(timedelta(hours=1))))
         assert shifted == datetime(2020, 1, 1, tzinfo=timezone.utc)
         assert shifted.utcoffset() == timedelta(0)
+
+
+def test_to_utc_turns_pendulum_datetimes_into_plain_aware_datetimes():
+    """Airflow's data_interval_end is a pendulum DateTime; arithmetic on it must stay aware."""
+    from datetime import datetime, timedelta, timezone
+
+    import pendulum
+
+    from airflow_kinesis_spark.core.positions import parse_timestamp, to_utc
+
+    value = to_utc(pendulum.datetime(2026, 5, 1, 12, 0, tz="Europe/Paris"))
+    assert type(value) is datetime and value.tzinfo is timezone.utc and value.hour == 10
+    earlier = parse_timestamp(pendulum.datetime(2026, 5, 1, 12, 0, tz="UTC")) - timedelta(hours=1)
+    assert earlier.tzinfo is not None
+    assert earlier < datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
