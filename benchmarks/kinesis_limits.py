@@ -21,7 +21,6 @@ upstream). Counts per operation and outcome are kept in :attr:`ThrottlingProxy.s
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections import Counter, deque
@@ -49,6 +48,11 @@ class KinesisLimits:
     throttle: bool = True
 
 
+def _decoded_size(b64: str) -> int:
+    """Bytes of base64 text once decoded, without decoding it."""
+    return len(b64) * 3 // 4 - (2 if b64.endswith("==") else 1 if b64.endswith("=") else 0)
+
+
 @dataclass
 class _Shard:
     get_records: deque = field(default_factory=deque)
@@ -71,7 +75,9 @@ class ThrottlingProxy(ForwardingProxy):
         #: shard iterator -> (stream, shard, monotonic time it was issued)
         self.iterators: dict[str, tuple[str, str, float]] = {}
         self.stats: Counter[str] = Counter()
-        #: stream -> [first GetRecords arrival, last GetRecords response] (monotonic seconds)
+        #: stream -> [first GetRecords arrival, last GetRecords response] (monotonic seconds), of
+        #: calls with ``Limit`` > 1: the operator's probes (``Limit`` 1, before Spark starts) are
+        #: not part of the read.
         self.read_window: dict[str, list[float]] = {}
 
     def reset_stats(self) -> None:
@@ -80,7 +86,8 @@ class ThrottlingProxy(ForwardingProxy):
             self.read_window.clear()
 
     def read_rate(self, stream: str) -> float:
-        """Bytes per second served to ``stream``'s GetRecords, from its first call to its last response."""
+        """Bytes per second served to ``stream``'s GetRecords with ``Limit`` > 1, from the first
+        such call to the last response."""
         first, last = self.read_window[stream]
         return self.stats[f"bytes:{stream}"] / max(1e-9, last - first)
 
@@ -179,7 +186,8 @@ class ThrottlingProxy(ForwardingProxy):
                               f"Iterator expired: issued {now - issued:.0f} s ago (shard iterators last 300 s)")  # fmt: skip
             return
         with self.lock:
-            self.read_window.setdefault(stream, [now, now])
+            if int(limit) > 1:
+                self.read_window.setdefault(stream, [now, now])
             state = self._shard(stream, shard)
             admitted = self._admit(state, state.get_records, self.limits.get_records_per_second, now, with_debt=True)
         if not admitted:
@@ -191,7 +199,7 @@ class ThrottlingProxy(ForwardingProxy):
             return
         response = json.loads(payload)
         records = response.get("Records", [])
-        sizes = [len(base64.b64decode(r["Data"])) for r in records]
+        sizes = [_decoded_size(r["Data"]) for r in records]
         cut = len(records)
         total = 0
         for i, size in enumerate(sizes):
@@ -218,8 +226,9 @@ class ThrottlingProxy(ForwardingProxy):
             self.stats["GetRecords.ok"] += 1
             self.stats["GetRecords.bytes"] += total
             self.stats["GetRecords.records"] += len(records)
-            self.stats[f"bytes:{stream}"] += total
-            self.read_window[stream][1] = time.monotonic()
+            if int(limit) > 1:
+                self.stats[f"bytes:{stream}"] += total
+                self.read_window[stream][1] = time.monotonic()
             # Charged to the call, from its arrival (the shard was out of debt then).
             state = self._shard(stream, shard)
             state.debt = max(0.0, state.debt - (now - state.debt_at) * self.limits.read_bytes_per_second) + total

@@ -63,10 +63,11 @@ def write_report(path: Path, results: dict[str, Any], command: str) -> None:
              f"{naive['bytes_per_second'] / t['limit_bytes_per_second']:.3f}", naive["get_records_calls"],
              naive["throttled"], 0, f"{naive['seconds']:.1f} (read only)"),  # fmt: skip
         "",
-        "Our read rate is the bytes the proxy served to the operator's stream divided by the time from its "
-        "first GetRecords call to its last response (the Spark job's read phase; JVM start, Parquet write and "
-        "commit are in the wall time). Throttled calls are counted by the proxy, which also sees the retries "
-        "boto3 makes on its own. "
+        "Our read rate is the bytes the proxy served to the Spark job's readers divided by the time from their "
+        "first GetRecords call to the last response: the job's read phase. The operator's probes before the job "
+        "(one `GetRecords` with `Limit` 1 per shard) are not counted; JVM start, Parquet write and commit are in "
+        "the wall time. Throttled calls are counted by the proxy, which also sees the retries boto3 makes on its "
+        "own. "
         f"Ratio to the naive consumer: **{h['throttled_vs_naive']}x**.",
         "",
         "## 2. Unthrottled: end to end against a read-only loop",

@@ -172,9 +172,15 @@ def default_parallelism(spark: Any) -> int | None:
         pass
     try:
         value = spark.conf.get("spark.default.parallelism", None)
-        return int(value) if value else None
+        if value:
+            return int(value)
+        # A Spark Connect server with a local master says how many cores it runs tasks on.
+        master = spark.conf.get("spark.master", None) or ""
+        if master.startswith("local[") and master[6:-1].isdigit():
+            return int(master[6:-1])
     except Exception:  # noqa: BLE001
-        return None
+        pass
+    return None
 
 
 def read_batch(spark: Any, plan: dict[str, Any], aws_env: dict[str, str], options: dict[str, Any]) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -78,6 +79,19 @@ MIN_RETENTION = timedelta(hours=24)
 #: Environment variables by which PySpark marks a process as a Spark Connect client.
 #: Namespace of the Spark Connect session ids derived from a consumer (uuid5).
 _CONNECT_SESSION_NAMESPACE = uuid.UUID("6d2f3c1e-8a4b-4f0e-9c57-1b2a3d4e5f60")
+
+
+#: Session conf holding the digest of the artifacts a reused Spark Connect session already has.
+_ARTIFACTS_CONF = "spark.airflow_kinesis_spark.artifacts_sha256"
+
+
+def _files_digest(paths: Sequence[str]) -> str:
+    """SHA-256 over the names and contents of ``paths``."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(os.path.basename(path).encode() + b"\0")
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()
 
 
 def _with_session_id(url: str, session_id: str) -> str:
@@ -737,8 +751,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
 
         With ``spark_connect_reuse_session`` the session id is derived from the stream and the
         consumer, and the session is not released when the run ends: the next batch of this
-        consumer finds its artifacts and warm Python workers on the server (no worker start, no
-        upload). A session the server no longer accepts (expired, released, or holding other
+        consumer finds its artifacts and warm Python workers on the server (no worker start, and
+        no upload: the artifacts' digest is kept in the session's conf). A session the server no longer accepts (expired, released, or holding other
         artifacts) is replaced by a new one, released at the end.
         """
         if self.spark_connect_reuse_session:
@@ -747,8 +761,11 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             try:
                 spark = session_cls.builder.remote(_with_session_id(url, session_id)).getOrCreate()
                 spark.release_session_on_close = False
-                for artifact in artifacts:
-                    spark.addArtifacts(artifact, pyfile=True)
+                digest = _files_digest(artifacts)
+                if spark.conf.get(_ARTIFACTS_CONF, None) != digest:  # not uploaded to this session yet
+                    for artifact in artifacts:
+                        spark.addArtifacts(artifact, pyfile=True)
+                    spark.conf.set(_ARTIFACTS_CONF, digest)
                 return spark
             except Exception as err:  # noqa: BLE001 - any refusal: fall back to a new session
                 self.log.info("Spark Connect session %s not reusable (%s); starting a new one", session_id, err)
