@@ -19,8 +19,10 @@ Scenarios (each on its own stream, so each consumer starts at TRIM_HORIZON):
    consumer's is read-only.
 3. **fixed cost per micro-batch**: a run with no new records (no Spark), a small batch cold
    (spark-submit) and warm (Spark Connect); overheads are beyond the no-data run.
-4. **memory**: peak resident memory of the Spark job (driver JVM and Python workers, sampled
-   every 50 ms) at two backlog sizes 4x apart.
+4. **memory**: peak resident memory of the Spark jobs (driver JVM and Python workers, sampled
+   every 50 ms) while ingesting two backlogs 4x apart, with a per-shard cap
+   (``max_bytes_per_shard``): each batch reads at most the cap per shard, a larger backlog takes
+   more batches, not more memory.
 
 The last line printed is one JSON object with the headline figures.
 """
@@ -71,14 +73,16 @@ def use_connections(moto: str, kinesis_endpoint: str, spark_connect: tuple[str, 
         )
 
 
-def ingest(stream: str, output: Path, *, connect: bool = False, paced: bool = True) -> tuple[dict[str, Any], float]:
+def ingest(stream: str, output: Path, *, connect: bool = False, paced: bool = True,
+           max_bytes_per_shard: int | None = None) -> tuple[dict[str, Any], float]:
     """One run of the operator; returns its summary and wall time (seconds)."""
     from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 
     operator = KinesisToSparkOperator(
         task_id="bench", stream_name=stream, consumer_name="bench", checkpoint_table=f"{stream}-ckpt",
         output_path=str(output), spark_conn_id="spark_connect_bench" if connect else "spark_default",
-        spark_conf=SPARK_CONF, **({} if paced else {"read_bytes_per_second": None}),
+        spark_conf=SPARK_CONF, max_bytes_per_shard=max_bytes_per_shard,
+        **({} if paced else {"read_bytes_per_second": None}),
     )  # fmt: skip
     started = time.monotonic()
     summary = operator.execute({})
@@ -166,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--throttled-mib", type=float, default=160.0)
     parser.add_argument("--unthrottled-mib", type=float, default=160.0)
-    parser.add_argument("--memory-mib", type=float, default=40.0, help="the smaller memory backlog; the larger is 4x")
+    parser.add_argument("--memory-mib", type=float, default=64.0, help="the smaller memory backlog; the larger is 4x")
+    parser.add_argument("--memory-cap-mib", type=float, default=16.0,
+                        help="max_bytes_per_shard of the memory runs: each batch reads at most this per shard")
     parser.add_argument("--small-records", type=int, default=500)
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each fixed-cost measurement (median)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of each fixed-cost measurement (median)")
     parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
     args = parser.parse_args(argv)
     lines = access_log_lines(ROOT / "data" / "apache_access_log.gz")
@@ -266,14 +272,35 @@ def main(argv: list[str] | None = None) -> int:
             stream = f"bench-memory-{int(mib)}"
             new_stream(kinesis, stream, args.shards)
             loaded = load_backlog(kinesis, stream, mib, lines)
+            cap = int(args.memory_cap_mib * MIB)
+            records, batches, started = 0, 0, time.monotonic()
             with MemorySampler() as sampler:
-                summary, wall = ingest(stream, work / f"out-{stream}", paced=False)
-            check(summary, loaded, stream)
-            memory.append({"backlog_mib": loaded["bytes"] / MIB, "records": summary["records"], "wall_s": wall,
+                while True:  # batches of at most `cap` bytes per shard until the backlog is read
+                    summary, _ = ingest(stream, work / f"out-{stream}", paced=False, max_bytes_per_shard=cap)
+                    if summary["status"] == "no_new_records":
+                        break
+                    records += summary["records"]
+                    batches += 1
+            check({"records": records}, loaded, stream)
+            memory.append({"backlog_mib": loaded["bytes"] / MIB, "records": records, "batches": batches,
+                           "cap_mib_per_shard": args.memory_cap_mib, "wall_s": time.monotonic() - started,
                            "peak_total_mib": sampler.peak_total / MIB, "peak_jvm_mib": sampler.peak_jvm / MIB,
                            "peak_python_mib": sampler.peak_python / MIB})  # fmt: skip
             log(f"memory: {memory[-1]}")
         results["memory"] = memory
+        uncapped = []
+        for mib in (args.memory_mib, 4 * args.memory_mib):  # the same backlogs, each in one batch
+            stream = f"bench-memory-uncapped-{int(mib)}"
+            new_stream(kinesis, stream, args.shards)
+            loaded = load_backlog(kinesis, stream, mib, lines)
+            with MemorySampler() as sampler:
+                summary, wall = ingest(stream, work / f"out-{stream}", paced=False)
+            check(summary, loaded, stream)
+            uncapped.append({"backlog_mib": loaded["bytes"] / MIB, "records": summary["records"], "batches": 1,
+                             "wall_s": wall, "peak_total_mib": sampler.peak_total / MIB,
+                             "peak_jvm_mib": sampler.peak_jvm / MIB, "peak_python_mib": sampler.peak_python / MIB})  # fmt: skip
+            log(f"memory, one uncapped batch: {uncapped[-1]}")
+        results["memory_uncapped"] = uncapped
     shutil.rmtree(work, ignore_errors=True)
 
     t, u, f = results["throttled"], results["unthrottled"], results["fixed_cost"]
@@ -288,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         "cold_overhead_s": round(f["cold_overhead_s"], 2),
         "warm_overhead_s": round(f["warm_overhead_s"], 2),
         "peak_memory_ratio": round(results["memory"][1]["peak_total_mib"] / results["memory"][0]["peak_total_mib"], 3),
+        "peak_memory_ratio_uncapped": round(
+            results["memory_uncapped"][1]["peak_total_mib"] / results["memory_uncapped"][0]["peak_total_mib"], 3
+        ),
     }
     results["headline"] = headline
     from benchmarks.report import write_report
