@@ -113,7 +113,8 @@ def write_report(path: Path, results: dict[str, Any], command: str) -> None:
         "",
         "## 4. Memory",
         "",
-        "Peak resident memory of a spark-submit job, sampled every 50 ms: the JVM (driver and executor in "
+        "Peak memory (proportional set size: pages shared by pyspark's forked workers count once) of a "
+        "spark-submit job, sampled every 50 ms: the JVM (driver and executor in "
         "local mode, `spark.driver.memory=1g`) and the Python processes under it; the largest peak of the jobs it took to "
         f"ingest the backlog with `max_bytes_per_shard` = {m[0]['cap_mib_per_shard']:.0f} MiB. Reads are streamed "
         "(`mapInArrow`, at most two GetRecords pages per shard waiting), and only the per-shard reports reach the "

@@ -90,7 +90,8 @@ def ingest(stream: str, output: Path, *, connect: bool = False, paced: bool = Tr
 
 
 class MemorySampler:
-    """Peak resident memory of the spark-submit job (its JVM and every Python worker under it)."""
+    """Peak memory of the spark-submit job (its JVM and every Python process under it), as the
+    sum of their proportional set sizes (PSS, Linux)."""
 
     def __init__(self, interval: float = 0.05) -> None:
         self.interval = interval
@@ -128,7 +129,9 @@ class MemorySampler:
             jvm = python = 0
             for proc in self._job_processes():
                 try:
-                    rss = proc.memory_info().rss
+                    # PSS: pages shared with another process (pyspark's forked workers share
+                    # their daemon's) count once in all, not once per process as in RSS.
+                    rss = proc.memory_full_info().pss
                     if proc.name() == "java":
                         jvm += rss
                     else:

@@ -85,21 +85,27 @@ async def list_shards(client: Any, stream_name: str) -> list[Shard]:
         kwargs = {"NextToken": token, **({"StreamName": stream_name} if resend_name else {})}
 
 
+async def _step(reader: ShardReader, client: Any) -> None:
+    """One ``GetRecords`` of the reader's range, applied to it; an expired shard iterator is
+    renewed after the last record read instead."""
+    try:
+        response = await _call(reader, client.get_records, **reader.records_request(reader.next_iterator))
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") != "ExpiredIteratorException":
+            raise
+        reader.iterator_expired()
+        reader.start((await _call(reader, client.get_shard_iterator, **reader.iterator_request())).get("ShardIterator"))
+        return
+    reader.accept(response)
+
+
 async def probe_range(client: Any, stream_name: str, shard_range: ShardRange) -> ShardReport:
     """Async ``reader.probe_range``: at most one Kinesis record of the range."""
     reader = probe_reader(None, stream_name, shard_range, min_call_interval=0)
     response = await _call(reader, client.get_shard_iterator, **reader.iterator_request())
     reader.start(response.get("ShardIterator"))
     while not reader.done:
-        try:
-            response = await _call(reader, client.get_records, **reader.records_request(reader.next_iterator))
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code") != "ExpiredIteratorException":
-                raise
-            reader.iterator_expired()
-            reader.start((await _call(reader, client.get_shard_iterator, **reader.iterator_request())).get("ShardIterator"))
-            continue
-        reader.accept(response)
+        await _step(reader, client)
     return reader.finish()
 
 
@@ -123,15 +129,7 @@ async def count_range(
         if calls:
             await asyncio.sleep(call_interval)
         calls += 1
-        try:
-            response = await _call(reader, client.get_records, **reader.records_request(reader.next_iterator))
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code") != "ExpiredIteratorException":
-                raise
-            reader.iterator_expired()
-            reader.start((await _call(reader, client.get_shard_iterator, **reader.iterator_request())).get("ShardIterator"))
-            continue
-        reader.accept(response)
+        await _step(reader, client)
     budget_spent = not reader.done
     return reader.finish(), budget_spent
 
