@@ -11,7 +11,9 @@ answers like the service (Kinesis API reference, GetRecords and GetShardIterator
   throttled, as the API reference says;
 * **at most 10 MiB and 10,000 records per response**: a larger ``Limit`` is an
   ``InvalidArgumentException``; a response over 10 MiB is cut after the last record that fits
-  (at least one), with a ``NextShardIterator`` just after it;
+  (at least one), with a ``NextShardIterator`` just after it. The emulator is asked for pieces
+  of about 10 MiB (never the whole ``Limit`` at once), so it serializes about what the service
+  would serve;
 * **5 GetShardIterator calls per second per shard**;
 * **shard iterators expire 5 minutes** after they were issued: ``ExpiredIteratorException``.
 
@@ -79,6 +81,8 @@ class ThrottlingProxy(ForwardingProxy):
         #: calls with ``Limit`` > 1: the operator's probes (``Limit`` 1, before Spark starts) are
         #: not part of the read.
         self.read_window: dict[str, list[float]] = {}
+        #: (stream, shard) -> the largest record's data bytes seen in a GetRecords answer
+        self._largest: dict[tuple[str, str], int] = {}
 
     def reset_stats(self) -> None:
         with self.lock:
@@ -156,6 +160,62 @@ class ThrottlingProxy(ForwardingProxy):
             self._remember(json.loads(payload).get("ShardIterator"), stream, shard)
         self.answer(request, status, headers, payload)
 
+    def _fetch(self, request: BaseHTTPRequestHandler, body: bytes, limit: int, stream: str, shard: str) -> tuple:
+        """One GetRecords answer of at most ``limit`` records and 10 MiB, asked from the emulator in
+        pieces of about 10 MiB, so the emulator serializes what the service would serve.
+
+        Asked for ``Limit`` records, an emulator serializes them all (moto: the whole rest of the
+        shard for ``Limit=10000``), which the service never does; left so, the cost of that work
+        would fall on consumers asking for large ``Limit``. The size of a piece comes from the
+        largest record seen on the shard (the first piece of a shard: 10 records).
+
+        :returns: ``(status, headers, payload, response, cut)``: ``payload`` is the emulator's
+            own body when one piece answered the call uncut, else ``None`` (``response`` is then
+            the assembled answer); ``cut`` tells whether records beyond the 10 MiB cap were dropped.
+        """
+        cap = self.limits.max_response_bytes
+        iterator = json.loads(body or b"{}").get("ShardIterator", "")
+        records: list[dict] = []
+        total, pieces = 0, 0
+        headers: list[tuple[str, str]] = []
+        response: dict = {}
+        while True:
+            with self.lock:
+                largest = self._largest.get((stream, shard))
+            room = limit - len(records)
+            ask = min(room, 10 if largest is None else max(1, (cap - total) // largest))
+            status, headers, payload = self.forward(
+                request, json.dumps({"ShardIterator": iterator, "Limit": ask}).encode()
+            )
+            if status != 200:
+                if pieces == 0:
+                    return status, headers, payload, None, False
+                raise RuntimeError(f"upstream GetRecords failed while assembling a response: {payload[:200]!r}")
+            pieces += 1
+            with self.lock:
+                self.stats["GetRecords.upstream_pieces"] += 1
+            response = json.loads(payload)
+            got = response.get("Records", [])
+            with self.lock:
+                self.stats["GetRecords.upstream_records"] += len(got)
+            sizes = [_decoded_size(r["Data"]) for r in got]
+            if sizes:
+                with self.lock:
+                    self._largest[(stream, shard)] = max(largest or 0, *sizes)
+            for record, size in zip(got, sizes, strict=True):
+                if records and total + size > cap:
+                    response["Records"] = records
+                    return status, headers, None, response, True
+                records.append(record)
+                total += size
+            iterator = response.get("NextShardIterator")
+            done = len(got) < ask or not iterator or len(records) >= limit or total >= cap
+            if done or (self._largest[(stream, shard)] > cap - total):
+                if pieces == 1:
+                    return status, headers, payload, response, False
+                response["Records"] = records
+                return status, headers, None, response, False
+
     def _get_records(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
         args = json.loads(body or b"{}")
         iterator = args.get("ShardIterator", "")
@@ -193,23 +253,13 @@ class ThrottlingProxy(ForwardingProxy):
         if not admitted:
             self._throttled(request, "GetRecords", stream, shard)
             return
-        status, headers, payload = self.forward(request, body)
+        status, headers, payload, response, cut = self._fetch(request, body, int(limit), stream, shard)
         if status != 200:
             self.answer(request, status, headers, payload)
             return
-        response = json.loads(payload)
         records = response.get("Records", [])
-        sizes = [_decoded_size(r["Data"]) for r in records]
-        cut = len(records)
-        total = 0
-        for i, size in enumerate(sizes):
-            if i > 0 and total + size > self.limits.max_response_bytes:
-                cut = i
-                break
-            total += size
-        if cut < len(records):
-            records = records[:cut]
-            response["Records"] = records
+        total = sum(_decoded_size(r["Data"]) for r in records)
+        if cut:
             status2, _, more = self.call_upstream(
                 "POST", "/", json.dumps({"StreamName": stream, "ShardId": shard, "ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
                                          "StartingSequenceNumber": records[-1]["SequenceNumber"]}).encode(),
@@ -221,11 +271,13 @@ class ThrottlingProxy(ForwardingProxy):
             response["NextShardIterator"] = json.loads(more)["ShardIterator"]
             with self.lock:
                 self.stats["GetRecords.cut_at_10MiB"] += 1
+        if payload is None:
             payload = json.dumps(response).encode()
         with self.lock:
             self.stats["GetRecords.ok"] += 1
             self.stats["GetRecords.bytes"] += total
             self.stats["GetRecords.records"] += len(records)
+            self.stats["GetRecords.largest_response_bytes"] = max(self.stats["GetRecords.largest_response_bytes"], total)
             if int(limit) > 1:
                 self.stats[f"bytes:{stream}"] += total
                 self.read_window[stream][1] = time.monotonic()
