@@ -9,8 +9,17 @@ Submitted by ``KinesisToSparkOperator`` (spark-submit) with::
   at most one per range). Each task reads all of its ranges at the same time, one thread per
   range (``airflow_kinesis_spark.core.reader.read_concurrently``): reading Kinesis is waiting on
   each shard's read budget, so every shard is kept busy even with fewer cores than shards.
-* The read is cached on disk, so Kinesis is read once per batch: the per-shard reports are
-  collected from it, then the records are transformed and written from it.
+* One pass when the operator's probes found a user record (``--records-expected``): the records
+  are read, transformed and written by one Spark job, and the per-shard report rows (one per
+  range, filtered out of the output) come back as an observed metric of that job
+  (``DataFrame.observe``). Corrupt aggregates are counted in the reports; when there are any,
+  only the ranges holding them are read a second time, keeping only those records, and that
+  read must report what the first did. A transform must consume all of its input (filters,
+  projections, joins and aggregations do; ``limit`` and ``sample`` do not): a range without a
+  report fails the job.
+* Otherwise (a batch that may hold no user record: run by hand, resumed, or only corrupt
+  records seen) the read is cached on disk, so Kinesis is read once: the reports are collected
+  from the cache, then the records are written from it. No records, no files.
 * Output: Spark's Parquet writer, mode ``overwrite``, at the plan's ``output_location`` (derived
   from the batch id), so a re-run of the batch replaces its output. No records, no files.
 * AWS credentials, region and endpoint come from the driver's environment
@@ -64,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--read-bytes-per-second", type=float, default=2 * 1024 * 1024,
                         help="per-shard read budget the readers pace themselves to (0: no pacing)")
     parser.add_argument("--read-tasks", type=int, default=0, help="Spark tasks reading the ranges (0: default parallelism)")
+    parser.add_argument("--records-expected", action="store_true",
+                        help="the batch holds at least one user record (the operator's probes saw one): read and write in one pass")
     return parser.parse_args(argv)
 
 
@@ -74,6 +85,7 @@ def reader_options(args: argparse.Namespace) -> dict[str, Any]:
         "min_call_interval": args.min_call_interval,
         "read_bytes_per_second": args.read_bytes_per_second or None,
         "read_tasks": args.read_tasks or None,
+        "records_expected": args.records_expected,
     }
 
 
@@ -136,6 +148,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
             )
             for rng in ranges
         ]  # fmt: skip
+        quarantine_only = bool(options.get("quarantine_only"))
         for reader, page in read_concurrently(readers):
             if page is None:
                 assert reader.report is not None
@@ -143,18 +156,24 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                 row = [pa.nulls(1, f.type) for f in schema][:-1] + [pa.array([report], pa.string())]
                 yield pa.RecordBatch.from_arrays(row, schema=schema)
                 continue
+            if quarantine_only:
+                page = [r for r in page if r.quarantine_reason is not None]
+                if not page:
+                    continue
+            # UserRecord is a tuple in the output schema's order: one transposition gives the columns.
+            shard, sequence, sub, key, hash_key, arrival, data, reason = zip(*page, strict=True)
             n = len(page)
             yield pa.RecordBatch.from_arrays(
                 [
                     pa.array([stream_name] * n, pa.string()),
-                    pa.array([r.shard_id for r in page], pa.string()),
-                    pa.array([r.sequence_number for r in page], pa.string()),
-                    pa.array([r.sub_sequence_number for r in page], pa.int64()),
-                    pa.array([r.partition_key for r in page], pa.string()),
-                    pa.array([r.explicit_hash_key for r in page], pa.string()),
-                    pa.array([r.approximate_arrival_timestamp for r in page], pa.timestamp("us", tz="UTC")),
-                    pa.array([r.data for r in page], pa.binary()),
-                    pa.array([r.quarantine_reason for r in page], pa.string()),
+                    pa.array(shard, pa.string()),
+                    pa.array(sequence, pa.string()),
+                    pa.array(sub, pa.int64()),
+                    pa.array(key, pa.string()),
+                    pa.array(hash_key, pa.string()),
+                    pa.array(arrival, pa.timestamp("us", tz="UTC")),
+                    pa.array(data, pa.binary()),
+                    pa.array(reason, pa.string()),
                     pa.nulls(n, pa.string()),
                 ],
                 schema=schema,
@@ -199,21 +218,134 @@ def read_batch(spark: Any, plan: dict[str, Any], aws_env: dict[str, str], option
     return range_df.mapInArrow(reader, RAW_SCHEMA)
 
 
+def _range_key(item: dict[str, Any]) -> tuple[str, int]:
+    return item["shard_id"], int(item.get("slice_index") or 0)
+
+
+def collect_reports(plan: dict[str, Any], rows: list[str]) -> list[dict[str, Any]]:
+    """One report per planned range, from the job's report rows (JSON), in the plan's order.
+
+    Spark may run a read more than once (a retried task, a transform whose sort samples its
+    input); a range's reports must then agree on what was read.
+
+    :raises RuntimeError: a range without a report (the transform did not consume all of its
+        input, e.g. ``limit``), or two reports of one range that disagree.
+    """
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        report = json.loads(row)
+        key = _range_key(report)
+        seen = found.setdefault(key, report)
+        what = ("first", "last", "records", "quarantined", "stop_reason")
+        if any(seen.get(k) != report.get(k) for k in what):
+            raise RuntimeError(f"shard {key[0]} (slice {key[1]}) was read twice with different results: "
+                               f"{[seen.get(k) for k in what]} and {[report.get(k) for k in what]}; nothing is committed")  # fmt: skip
+    missing = [key for key in map(_range_key, plan["ranges"]) if key not in found]
+    if missing:
+        raise RuntimeError(
+            f"no read report for {len(missing)} of {len(plan['ranges'])} shard ranges ({missing[:3]}...): the job did not "
+            "read them to the end. A transform must consume all of its input (no limit or sample); nothing is committed"
+        )
+    return [found[key] for key in map(_range_key, plan["ranges"])]
+
+
+def _write_quarantine(rows: Any, location: str) -> None:
+    """Corrupt Kinesis records, raw, under ``{location}/_quarantine`` (after the data: overwriting
+    the data location clears this folder)."""
+    from pyspark.sql import functions as F
+
+    rows.where(F.col("_quarantine_reason").isNotNull()).select(
+        "stream_name", "shard_id", "sequence_number", "partition_key", "approximate_arrival_timestamp",
+        "data", F.col("_quarantine_reason").alias("reason"),
+    ).write.mode("overwrite").parquet(f"{location}/{QUARANTINE_DIR}")  # fmt: skip
+
+
+def _observed(df: Any, name: str) -> tuple[Any, Any]:
+    """``df`` with its report rows collected as an observed metric named ``name``."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    observation = Observation(name)
+    return df.observe(observation, F.collect_list("_report").alias("reports")), observation
+
+
+def _observed_reports(observation: Any, data: Any, name: str) -> list[str]:
+    """The report rows an action on ``data`` observed."""
+    jdf = getattr(data, "_jdf", None)
+    if jdf is not None and f"CollectMetrics {name}" not in jdf.queryExecution().optimizedPlan().toString():
+        # Classic Spark waits forever for a metric whose plan node the optimizer removed.
+        raise RuntimeError("the transform's result does not depend on the records read; no report was observed")
+    return list(observation.get["reports"])
+
+
+def run_one_pass(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+    """Read, transform and write in one Spark job (see the module doc); the batch must hold a user record.
+
+    :raises RuntimeError: the read found no user record (the output location then holds a
+        Parquet file with no rows; nothing is committed), a range has no report, or the second
+        read of ranges with corrupt records reported something else than the first.
+    """
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    location = plan["output_location"]
+    name = f"kinesis_batch_{plan['batch_id']}_{os.getpid()}_{time.time_ns()}"
+    raw, observation = _observed(read_batch(spark, plan, aws_env, options), name)
+    data = raw.where(F.col("_report").isNull() & F.col("_quarantine_reason").isNull()).drop("_report", "_quarantine_reason")
+    if transform is not None:
+        data = transform(data)
+    data.write.mode("overwrite").parquet(location)
+    read_seconds = time.monotonic() - started
+    reports = collect_reports(plan, _observed_reports(observation, data, name))
+    records = sum(r["records"] for r in reports)
+    quarantined = sum(r.get("quarantined", 0) for r in reports)
+    if records == 0:
+        raise RuntimeError(f"batch {plan['batch_id']}: the read found no user record although the operator's probes saw one; "
+                           f"{location} holds no rows and nothing is committed")  # fmt: skip
+    if quarantined > 0:
+        keys = {_range_key(r) for r in reports if r.get("quarantined")}
+        again = {**plan, "ranges": [r for r in plan["ranges"] if _range_key(r) in keys]}
+        name2 = name + "_quarantine"
+        raw2, observation2 = _observed(read_batch(spark, again, aws_env, {**options, "quarantine_only": True}), name2)
+        rows2 = raw2.where(F.col("_report").isNull())
+        _write_quarantine(rows2, location)
+        first = {_range_key(r): r for r in reports}
+        for report in collect_reports(again, _observed_reports(observation2, rows2, name2)):
+            before = first[_range_key(report)]
+            if any(before.get(k) != report.get(k) for k in ("first", "last", "records", "quarantined")):
+                raise RuntimeError(f"shard {report['shard_id']}: the second read of its corrupt records read something else "
+                                   f"than the first ({before.get('last')} vs {report.get('last')}); nothing is committed")  # fmt: skip
+        log.warning("batch %s: %d corrupt Kinesis records quarantined", plan["batch_id"], quarantined)
+    return {
+        "batch_id": plan["batch_id"],
+        "output_location": location,
+        "quarantine_location": f"{location}/{QUARANTINE_DIR}" if quarantined > 0 else None,
+        "records": records,
+        "read_seconds": round(read_seconds, 3),
+        "total_seconds": round(time.monotonic() - started, 3),
+        "reports": reports,
+    }
+
+
 def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
     """Read, write and report one batch; returns the report document.
 
-    :param options: the readers' settings, as :func:`reader_options` builds them.
+    :param options: the readers' settings, as :func:`reader_options` builds them; with
+        ``records_expected`` the batch is read and written in one pass (:func:`run_one_pass`).
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    started = time.monotonic()
     # Also over Spark Connect, where the session is the server's: UTC and standard Parquet timestamps.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    if options.get("records_expected"):
+        return run_one_pass(spark, plan, transform, aws_env, options)
+    started = time.monotonic()
     raw = read_batch(spark, plan, aws_env, options).persist(StorageLevel.DISK_ONLY)
     try:
-        reports = [json.loads(r[0]) for r in raw.where(F.col("_report").isNotNull()).select("_report").collect()]
+        rows = [r[0] for r in raw.where(F.col("_report").isNotNull()).select("_report").collect()]
+        reports = collect_reports(plan, rows)
         read_seconds = time.monotonic() - started
         records = sum(r["records"] for r in reports)
         quarantined = sum(r.get("quarantined", 0) for r in reports)
@@ -226,11 +358,8 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
             data.write.mode("overwrite").parquet(location)
         else:
             log.info("batch %s: no records in the planned ranges; nothing written", plan["batch_id"])
-        if quarantined > 0:  # after the data: overwriting the data location clears this folder
-            rows.where(F.col("_quarantine_reason").isNotNull()).select(
-                "stream_name", "shard_id", "sequence_number", "partition_key", "approximate_arrival_timestamp",
-                "data", F.col("_quarantine_reason").alias("reason"),
-            ).write.mode("overwrite").parquet(f"{location}/{QUARANTINE_DIR}")  # fmt: skip
+        if quarantined > 0:
+            _write_quarantine(rows, location)
             log.warning("batch %s: %d corrupt Kinesis records quarantined", plan["batch_id"], quarantined)
     finally:
         raw.unpersist()

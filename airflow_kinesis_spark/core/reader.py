@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 # aws_kinesis_agg's generated messages_pb2 imports "config_pb2" as a top-level module; its
 # deaggregator module puts the package folder on sys.path first. Import it for that side effect.
@@ -217,9 +217,11 @@ class ShardRange:
         )
 
 
-@dataclass(frozen=True)
-class UserRecord:
+class UserRecord(NamedTuple):
     """One user record, in the output schema's order (``data`` is the user record's bytes).
+
+    A tuple (not a dataclass): a batch makes one per user record, and the Spark job turns a page
+    of them into columns with one ``zip(*page)``.
 
     A corrupt KPL aggregate is carried as one record with ``quarantine_reason`` set: it goes to
     the quarantine output, never to the data output.

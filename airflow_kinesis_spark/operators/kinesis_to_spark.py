@@ -351,6 +351,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         self.spark_connect_reuse_session = spark_connect_reuse_session
         self.allow_data_loss = allow_data_loss
         self._spark_hook: BatchSparkSubmitHook | None = None
+        #: whether the probes of the batch being run saw a user record (the job then reads and writes in one pass)
+        self._records_expected = False
 
 
     # -- validation ----------------------------------------------------------------------------
@@ -446,6 +448,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     def _run_batch(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
         owner = self._owner(context)
+        self._records_expected = False  # a resumed batch is read with no expectation
         store.ensure_table()
         head = store.head()
         plan = store.pending_plan(head)
@@ -468,6 +471,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             probes = self._probe(plan)
             if not any(r.records or r.quarantined for r in probes):
                 return self._commit_without_records(store, plan, probes, owner)
+            self._records_expected = any(r.records for r in probes)
             store.begin(plan, owner)
         if reports is None:
             with self._lease(store, plan.batch_id, owner):
@@ -649,6 +653,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         ]  # fmt: skip
         if self.transform:
             application_args += ["--transform", self.transform]
+        if self._records_expected:
+            application_args.append("--records-expected")
         py_files = ",".join(p for p in (py_files, self.spark_py_files) if p)
         name = f"kinesis-batch-{plan.stream_name}-{plan.consumer_name}-{plan.batch_id}"
 
@@ -681,6 +687,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             "min_call_interval": self.min_call_interval,
             "read_bytes_per_second": self.read_bytes_per_second,
             "read_tasks": self.read_tasks,
+            "records_expected": self._records_expected,
         }
 
     def _spark_conn_type(self) -> str | None:
@@ -975,6 +982,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         )  # fmt: skip
         probes = self._probe(plan)
         found = any(r.records or r.quarantined for r in probes)
+        self._records_expected = any(r.records for r in probes)
         reports = self._run_spark(plan) if found else probes
         validate_window_report(plan, reports)
         records = sum(r.records for r in reports)

@@ -86,3 +86,69 @@ def test_apache_log_transform_parses_real_lines(spark):
     assert all(r.log_parsed for r in out[:301])
     assert out[300].referrer is None and out[300].user_agent.startswith("Mozilla/5.0 (compatible; Googlebot")
     assert out[301].log_parsed is False and out[301].client_ip is None
+
+
+ONE_PASS = {**OPTIONS, "records_expected": True}
+
+
+def _corrupt_aggregate() -> bytes:
+    import aws_kinesis_agg
+    from aws_kinesis_agg.aggregator import RecordAggregator
+
+    agg = RecordAggregator()
+    agg.add_user_record("a", b"one")
+    agg.add_user_record("b", b"two")
+    blob = agg.clear_and_get().get_contents()[2]
+    assert blob.startswith(aws_kinesis_agg.MAGIC)
+    return blob[:-1] + bytes([blob[-1] ^ 0xFF])  # MD5 mismatch
+
+
+def test_one_pass_writes_every_record_once_and_quarantines_by_a_second_read(spark, kinesis, moto_endpoint, unique_name, tmp_path):
+    create_stream(kinesis, unique_name, 2)
+    produced = put_plain(kinesis, unique_name, [(f"k{i}", f"plain {i}".encode()) for i in range(100)])
+    produced += put_aggregated(kinesis, unique_name, [(f"k{i % 7}", f"agg {i}".encode()) for i in range(150)])
+    bad = _corrupt_aggregate()
+    kinesis.put_record(StreamName=unique_name, PartitionKey="bad", Data=bad)
+    produced += put_plain(kinesis, unique_name, [("after", b"after the corrupt one")])
+    plan = _plan(kinesis, unique_name, tmp_path)
+    result = job.run(spark, plan, None, _aws_env(moto_endpoint), ONE_PASS)
+    assert result["records"] == 251 and len(result["reports"]) == 2
+    assert [r["shard_id"] for r in result["reports"]] == [r["shard_id"] for r in plan["ranges"]]  # the plan's order
+    assert sum(r["quarantined"] for r in result["reports"]) == 1
+    df = spark.read.parquet(result["output_location"])
+    rows = [(r.shard_id, r.sequence_number, r.sub_sequence_number, r.partition_key, bytes(r.data)) for r in df.collect()]
+    assert verify(produced, rows).ok
+    quarantine = spark.read.parquet(result["quarantine_location"]).collect()
+    assert [(q.reason, bytes(q.data), q.partition_key) for q in quarantine] == [("md5_mismatch", bad, "bad")]
+
+
+def test_one_pass_fails_when_a_transform_does_not_read_everything(spark, kinesis, moto_endpoint, unique_name, tmp_path):
+    create_stream(kinesis, unique_name, 2)
+    put_plain(kinesis, unique_name, [(f"k{i}", f"plain {i}".encode()) for i in range(400)])
+    with pytest.raises(RuntimeError, match="no read report for .* A transform must consume all of its input"):
+        job.run(spark, _plan(kinesis, unique_name, tmp_path), lambda df: df.limit(3), _aws_env(moto_endpoint),
+                {**ONE_PASS, "read_tasks": 1})  # fmt: skip
+    with pytest.raises(RuntimeError, match="does not depend on the records read"):
+        job.run(spark, _plan(kinesis, unique_name, tmp_path), lambda df: df.limit(0), _aws_env(moto_endpoint), ONE_PASS)
+
+
+def test_one_pass_fails_loudly_when_the_expected_records_are_not_there(spark, kinesis, moto_endpoint, unique_name, tmp_path):
+    create_stream(kinesis, unique_name, 1)
+    cutoff = datetime.now(timezone.utc) - timedelta(seconds=5)  # before every record
+    put_plain(kinesis, unique_name, [("k", b"late")])
+    with pytest.raises(RuntimeError, match="found no user record although the operator's probes saw one"):
+        job.run(spark, _plan(kinesis, unique_name, tmp_path, cutoff), None, _aws_env(moto_endpoint), ONE_PASS)
+
+
+def test_reports_of_a_range_read_twice_must_agree():
+    import json
+
+    plan = {"ranges": [{"shard_id": "s-0", "slice_index": 0}, {"shard_id": "s-1", "slice_index": 0}]}
+    a = {"shard_id": "s-0", "slice_index": 0, "first": None, "last": {"sequence_number": "9"}, "records": 3, "stop_reason": "cutoff"}
+    b = {"shard_id": "s-1", "slice_index": 0, "first": None, "last": None, "records": 0, "stop_reason": "caught_up"}
+    retried = {**a, "get_records_calls": 7, "read_started": 1.0}  # timings differ; what was read does not
+    assert job.collect_reports(plan, [json.dumps(b), json.dumps(a), json.dumps(retried)]) == [a, b]
+    with pytest.raises(RuntimeError, match="read twice with different results"):
+        job.collect_reports(plan, [json.dumps(a), json.dumps({**a, "records": 4}), json.dumps(b)])
+    with pytest.raises(RuntimeError, match="no read report for 1 of 2"):
+        job.collect_reports(plan, [json.dumps(a)])
