@@ -183,8 +183,10 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
 
 
 def default_parallelism(spark: Any) -> int | None:
-    """How many tasks the cluster runs at once, when Spark says (classic sessions; a Spark
-    Connect client has no SparkContext and may not know)."""
+    """How many tasks the cluster runs at once: the SparkContext's default parallelism (classic
+    sessions); over Spark Connect, ``spark.default.parallelism`` or the ``local[N]`` master, else
+    the number of partitions Spark gives a range without a partition count (one small job:
+    a ``local[*]`` or cluster master does not say in its conf)."""
     try:
         return int(spark.sparkContext.defaultParallelism)
     except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext
@@ -197,6 +199,10 @@ def default_parallelism(spark: Any) -> int | None:
         master = spark.conf.get("spark.master", None) or ""
         if master.startswith("local[") and master[6:-1].isdigit():
             return int(master[6:-1])
+        from pyspark.sql import functions as F
+
+        partitions = spark.range(0, 1 << 20).select(F.spark_partition_id().alias("p")).agg(F.max("p"))
+        return int(partitions.first()[0]) + 1
     except Exception:  # noqa: BLE001
         pass
     return None

@@ -230,7 +230,8 @@ def count_reader(stream_name: str, shard_range: ShardRange, bound: int) -> Shard
     """
     if isinstance(bound, bool) or not isinstance(bound, int) or not 1 <= bound <= GET_RECORDS_MAX_LIMIT:
         raise ValueError(f"bound must be an integer 1..{GET_RECORDS_MAX_LIMIT} (GetRecords Limit), got {bound!r}")
-    return ShardReader(None, stream_name, replace(shard_range, max_records=bound), limit=bound, min_call_interval=0)
+    return ShardReader(None, stream_name, replace(shard_range, max_records=bound), limit=bound, min_call_interval=0,
+                       initial_limit=bound)  # fmt: skip
 
 
 def shard_backlog(shard_range: ShardRange, report: ShardReport, now: datetime, *, budget_spent: bool) -> ShardBacklog:

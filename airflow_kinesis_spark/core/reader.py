@@ -397,9 +397,11 @@ class ShardReader:
         that returned it (plus ``PACING_MARGIN_S``), so a paced reader does not run into
         ``ProvisionedThroughputExceededException``. ``None``: no byte pacing (an emulator without limits).
     :param target_response_bytes: the adaptive ``Limit``: the first call asks for at most
-        ``INITIAL_LIMIT`` (100) records; later calls for about this many bytes per call,
+        ``initial_limit`` records; later calls for about this many bytes per call,
         from the mean Kinesis record size seen so far (never more than ``limit`` records, and at
         most 10 MiB, the service's cap of one response).
+    :param initial_limit: ``Limit`` of the first call, before any record size is known
+        (default ``INITIAL_LIMIT``, 100).
     :param max_throttle_retries: retries of one call on a throttling error before giving up.
     :param backoff_base: seconds; the n-th retry sleeps uniform(0, min(backoff_cap, base * 2**n)).
     :param backoff_cap: seconds.
@@ -421,6 +423,7 @@ class ShardReader:
         min_call_interval: float = MIN_CALL_INTERVAL_S,
         read_bytes_per_second: float | None = READ_BYTES_PER_SECOND,
         target_response_bytes: int = TARGET_RESPONSE_BYTES,
+        initial_limit: int = INITIAL_LIMIT,
         max_throttle_retries: int = 12,
         backoff_base: float = 0.25,
         backoff_cap: float = 10.0,
@@ -438,6 +441,7 @@ class ShardReader:
             raise ValueError(f"read_bytes_per_second must be > 0 or None, got {read_bytes_per_second}")
         self.read_bytes_per_second = read_bytes_per_second
         self.target_response_bytes = max(1, min(int(target_response_bytes), GET_RECORDS_MAX_BYTES))
+        self.initial_limit = max(1, int(initial_limit))
         self.last_response_bytes = 0
         self.max_throttle_retries = max_throttle_retries
         self.backoff_base = backoff_base
@@ -478,8 +482,8 @@ class ShardReader:
         if p.kinesis_records:
             mean = max(1.0, p.kinesis_bytes / p.kinesis_records)
             limit = max(1, min(limit, int(self.target_response_bytes / mean)))
-        else:  # record size unknown yet: a first response of at most INITIAL_LIMIT records
-            limit = min(limit, INITIAL_LIMIT)
+        else:  # record size unknown yet: a first response of at most initial_limit records
+            limit = min(limit, self.initial_limit)
         if self.range.max_records is not None:
             limit = max(1, min(limit, self.range.max_records - p.records))
         p.calls += 1

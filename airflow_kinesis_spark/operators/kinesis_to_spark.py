@@ -759,8 +759,9 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         With ``spark_connect_reuse_session`` the session id is derived from the stream and the
         consumer, and the session is not released when the run ends: the next batch of this
         consumer finds its artifacts and warm Python workers on the server (no worker start, and
-        no upload: the artifacts' digest is kept in the session's conf). A session the server no longer accepts (expired, released, or holding other
-        artifacts) is replaced by a new one, released at the end.
+        no upload: the artifacts' digest is kept in the session's conf). A session the server no
+        longer accepts (expired, released, or holding other artifacts) is left to the server and
+        this run uses a new one, released at its end.
         """
         if self.spark_connect_reuse_session:
             session_id = str(uuid.uuid5(_CONNECT_SESSION_NAMESPACE, f"{type(self).__name__}/{plan.stream_name}/{plan.consumer_name}"))
@@ -777,7 +778,9 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             except Exception as err:  # noqa: BLE001 - any refusal: fall back to a new session
                 self.log.info("Spark Connect session %s not reusable (%s); starting a new one", session_id, err)
                 if spark is not None:
-                    spark.release_session_on_close = True
+                    # Close this client only: the server session may serve another run of the
+                    # consumer (a window re-run) right now, so it is not released.
+                    spark.release_session_on_close = False
                     spark.stop()
         spark = session_cls.builder.remote(url).getOrCreate()
         for artifact in artifacts:

@@ -152,3 +152,21 @@ def test_reports_of_a_range_read_twice_must_agree():
         job.collect_reports(plan, [json.dumps(a), json.dumps({**a, "records": 4}), json.dumps(b)])
     with pytest.raises(RuntimeError, match="no read report for 1 of 2"):
         job.collect_reports(plan, [json.dumps(a)])
+
+
+def test_default_parallelism_when_the_conf_does_not_say(spark):
+    """Over Spark Connect with a ``local[*]`` or cluster master neither a SparkContext nor the conf
+    gives the number: Spark's own partition count of a range does."""
+
+    class ConnectLike:  # what a Spark Connect session offers: no SparkContext, a master without a number
+        conf = type("Conf", (), {"get": staticmethod(lambda key, default=None: "local[*]" if key == "spark.master" else default)})()
+
+        @property
+        def sparkContext(self):
+            raise AttributeError("sparkContext is not available over Spark Connect")
+
+        def range(self, *args):
+            return spark.range(*args)
+
+    assert job.default_parallelism(ConnectLike()) == spark.sparkContext.defaultParallelism
+    assert job.default_parallelism(spark) == spark.sparkContext.defaultParallelism

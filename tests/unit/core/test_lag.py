@@ -8,6 +8,7 @@ import pytest
 
 from airflow_kinesis_spark.core.lag import (
     backlog_ready,
+    count_reader,
     lag_plan,
     lag_summary,
     retention_risks,
@@ -123,3 +124,15 @@ def test_topology_change_after_a_split_and_a_merge():
         "shardId-000000000002": ["shardId-000000000005"],
     }
     assert topology_change(shards, change["open_shards"])["changed"] is False
+
+
+@pytest.mark.parametrize("bound", [1, 250, 10_000])
+def test_count_reader_asks_for_its_bound_in_the_first_call(bound):
+    """The count's budget is a few calls: its first call asks for the whole bound, not the batch
+    readers' cautious first Limit."""
+    from airflow_kinesis_spark.core.reader import ShardRange, StartPosition
+
+    rng = ShardRange(shard_id="shardId-000000000000", start=StartPosition("TRIM_HORIZON"),
+                     start_checkpoint=Checkpoint(Sentinel.TRIM_HORIZON), cutoff=datetime.now(timezone.utc))  # fmt: skip
+    reader = count_reader("s", rng, bound)
+    assert reader.records_request("it")["Limit"] == bound
