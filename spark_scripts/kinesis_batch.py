@@ -156,17 +156,19 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                 row = [pa.nulls(1, f.type) for f in schema][:-1] + [pa.array([report], pa.string())]
                 yield pa.RecordBatch.from_arrays(row, schema=schema)
                 continue
+            columns = [page.sequence_numbers, page.sub_sequence_numbers, page.partition_keys, page.explicit_hash_keys,
+                       page.arrivals, page.datas, page.quarantine_reasons]  # fmt: skip
             if quarantine_only:
-                page = [r for r in page if r.quarantine_reason is not None]
-                if not page:
+                keep = [i for i, reason in enumerate(page.quarantine_reasons) if reason is not None]
+                if not keep:
                     continue
-            # UserRecord is a tuple in the output schema's order: one transposition gives the columns.
-            shard, sequence, sub, key, hash_key, arrival, data, reason = zip(*page, strict=True)
-            n = len(page)
+                columns = [[column[i] for i in keep] for column in columns]
+            sequence, sub, key, hash_key, arrival, data, reason = columns
+            n = len(data)
             yield pa.RecordBatch.from_arrays(
                 [
                     pa.array([stream_name] * n, pa.string()),
-                    pa.array(shard, pa.string()),
+                    pa.array([page.shard_id] * n, pa.string()),
                     pa.array(sequence, pa.string()),
                     pa.array(sub, pa.int64()),
                     pa.array(key, pa.string()),

@@ -3,7 +3,9 @@ endpoint check shared by the hooks and the command-line tool. No Airflow import.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
 
 from airflow_kinesis_spark.core.planner import rewind_checkpoints
@@ -24,6 +26,18 @@ _PROBES = {"kinesis": ("list_streams", {"Limit": 1}), "dynamodb": ("list_tables"
            "sts": ("get_caller_identity", {})}  # fmt: skip
 
 
+#: Probe clients are made from one botocore session per process, under this lock: a new
+#: session would load the endpoint rules and service models from disk again (~0.1 s each).
+_PROBE_SESSION_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _probe_session() -> Any:
+    import botocore.session
+
+    return botocore.session.get_session()
+
+
 def check_endpoint(client: Any, source: str, *, hint: str = "", verify: bool | str | None = None) -> None:
     """Fail fast when the endpoint of ``client`` does not answer.
 
@@ -41,7 +55,6 @@ def check_endpoint(client: Any, source: str, *, hint: str = "", verify: bool | s
     :param verify: TLS verification of the client (``False`` or a CA bundle path), as given to boto3.
     :raises EndpointUnreachableError: naming the service, the endpoint, the region and ``source``.
     """
-    import botocore.session
     from botocore import UNSIGNED
     from botocore.config import Config
     from botocore.exceptions import ConnectionError as BotocoreConnectionError
@@ -58,9 +71,10 @@ def check_endpoint(client: Any, source: str, *, hint: str = "", verify: bool | s
             retries={"mode": "standard", "total_max_attempts": CHECK_ATTEMPTS},
         )
     )
-    probe = botocore.session.get_session().create_client(
-        service, region_name=meta.region_name, endpoint_url=meta.endpoint_url, config=config, verify=verify
-    )
+    with _PROBE_SESSION_LOCK:
+        probe = _probe_session().create_client(
+            service, region_name=meta.region_name, endpoint_url=meta.endpoint_url, config=config, verify=verify
+        )
     operation, params = _PROBES[service]
     try:
         getattr(probe, operation)(**params)

@@ -50,6 +50,7 @@ __all__ = [
     "StartPosition",
     "ShardRange",
     "UserRecord",
+    "Page",
     "ShardReport",
     "ShardReader",
     "deaggregate",
@@ -321,6 +322,68 @@ class ShardReport:
         return cls(**values)
 
 
+class _Users(NamedTuple):
+    """The user records of one Kinesis record, column by column (equal-length lists).
+
+    ``partition_key_index`` / ``explicit_hash_key_index`` (``-1``: none) point into the
+    aggregate's key tables, so a per-key question (is this hash key in the shard's range?) is
+    answered once per table entry, not once per user record.
+    """
+
+    sub_sequence_numbers: list[int | None]
+    partition_keys: list[str]
+    explicit_hash_keys: list[str | None]
+    datas: list[bytes]
+    partition_key_index: list[int]
+    explicit_hash_key_index: list[int]
+    partition_key_table: list[str]
+    explicit_hash_key_table: list[str]
+
+    def out_of_range(self, low: int, high: int) -> int:
+        """User records whose explicit hash key (else the MD5 of the partition key, as Kinesis
+        maps keys to shards) lies outside ``low..high``."""
+        outside_ehk = [not low <= int(k) <= high for k in self.explicit_hash_key_table]
+        if not any(outside_ehk) and -1 not in self.explicit_hash_key_index:
+            return 0
+        outside_pk: dict[int, bool] = {}
+        count = 0
+        for pk, ehk in zip(self.partition_key_index, self.explicit_hash_key_index, strict=True):
+            if ehk >= 0:
+                count += outside_ehk[ehk]
+            else:
+                if pk not in outside_pk:
+                    value = int(hashlib.md5(self.partition_key_table[pk].encode()).hexdigest(), 16)  # noqa: S324
+                    outside_pk[pk] = not low <= value <= high
+                count += outside_pk[pk]
+        return count
+
+
+def _user_records(data: bytes, partition_key: str) -> _Users:
+    """:func:`deaggregate`, column by column; ``sub_sequence_numbers`` is ``[None]`` for a record
+    that is not aggregated (its index lists are then empty)."""
+    magic = aws_kinesis_agg.MAGIC
+    digest_size = aws_kinesis_agg.DIGEST_SIZE
+    if not data.startswith(magic) or len(data) <= len(magic) + digest_size:
+        return _Users([None], [partition_key], [None], [data], [], [], [], [])
+    body, digest = data[len(magic) : -digest_size], data[-digest_size:]
+    if hashlib.md5(body).digest() != digest:  # noqa: S324 - the KPL format's checksum
+        raise CorruptAggregateError("KPL aggregate failed its MD5 check", reason="md5_mismatch")
+    aggregate = messages_pb2.AggregatedRecord()
+    try:
+        aggregate.ParseFromString(body)
+        keys = list(aggregate.partition_key_table)
+        hash_keys = list(aggregate.explicit_hash_key_table)
+        records = aggregate.records
+        pk_index = [r.partition_key_index for r in records]
+        ehk_index = [r.explicit_hash_key_index if r.HasField("explicit_hash_key_index") else -1 for r in records]
+        datas = [r.data for r in records]
+        partition_keys = [keys[i] for i in pk_index]
+        explicit_hash_keys = [hash_keys[i] if i >= 0 else None for i in ehk_index]
+    except (google.protobuf.message.DecodeError, IndexError) as err:
+        raise CorruptAggregateError(f"KPL aggregate does not parse: {err}", reason="bad_protobuf") from err
+    return _Users(list(range(len(datas))), partition_keys, explicit_hash_keys, datas, pk_index, ehk_index, keys, hash_keys)
+
+
 def deaggregate(data: bytes, partition_key: str) -> list[tuple[int | None, str, str | None, bytes]]:
     """Split a Kinesis record's data into its user records.
 
@@ -336,25 +399,71 @@ def deaggregate(data: bytes, partition_key: str) -> list[tuple[int | None, str, 
         is not aggregated gives one tuple with sub-sequence number ``None``.
     :raises CorruptAggregateError: on an MD5 mismatch or a protobuf that does not parse.
     """
-    magic = aws_kinesis_agg.MAGIC
-    digest_size = aws_kinesis_agg.DIGEST_SIZE
-    if not data.startswith(magic) or len(data) <= len(magic) + digest_size:
-        return [(None, partition_key, None, data)]
-    body, digest = data[len(magic) : -digest_size], data[-digest_size:]
-    if hashlib.md5(body).digest() != digest:  # noqa: S324 - the KPL format's checksum
-        raise CorruptAggregateError("KPL aggregate failed its MD5 check", reason="md5_mismatch")
-    aggregate = messages_pb2.AggregatedRecord()
-    try:
-        aggregate.ParseFromString(body)
-        keys = list(aggregate.partition_key_table)
-        hash_keys = list(aggregate.explicit_hash_key_table)
-        out = []
-        for sub, record in enumerate(aggregate.records):
-            ehk = hash_keys[record.explicit_hash_key_index] if record.HasField("explicit_hash_key_index") else None
-            out.append((sub, keys[record.partition_key_index], ehk, bytes(record.data)))
-    except (google.protobuf.message.DecodeError, IndexError) as err:
-        raise CorruptAggregateError(f"KPL aggregate does not parse: {err}", reason="bad_protobuf") from err
-    return out
+    users = _user_records(data, partition_key)
+    return list(zip(users.sub_sequence_numbers, users.partition_keys, users.explicit_hash_keys, users.datas, strict=True))
+
+
+class Page:
+    """The user records of one ``GetRecords`` response, column by column.
+
+    A batch holds millions of user records: columns (lists of strings, ints and bytes) cost no
+    Python object per record and give Arrow its arrays directly. Iterating a page gives
+    :class:`UserRecord` tuples; ``len(page)`` is its number of user records.
+
+    Every attribute but ``shard_id`` is a list with one entry per user record, in the output
+    schema's order: ``sequence_numbers``, ``sub_sequence_numbers``, ``partition_keys``,
+    ``explicit_hash_keys``, ``arrivals`` (``ApproximateArrivalTimestamp``, aware UTC),
+    ``datas`` and ``quarantine_reasons`` (``None`` but for a quarantined Kinesis record).
+    """
+
+    __slots__ = ("shard_id", "sequence_numbers", "sub_sequence_numbers", "partition_keys",
+                 "explicit_hash_keys", "arrivals", "datas", "quarantine_reasons")  # fmt: skip
+
+    def __init__(self, shard_id: str) -> None:
+        self.shard_id = shard_id
+        self.sequence_numbers: list[str] = []
+        self.sub_sequence_numbers: list[int | None] = []
+        self.partition_keys: list[str] = []
+        self.explicit_hash_keys: list[str | None] = []
+        self.arrivals: list[datetime] = []
+        self.datas: list[bytes] = []
+        self.quarantine_reasons: list[str | None] = []
+
+    def add(self, sequence_number: str, arrival: datetime, users: _Users, start: int = 0) -> None:
+        """The user records of one Kinesis record, from the ``start``-th on."""
+        n = len(users.datas) - start
+        self.sequence_numbers += [sequence_number] * n
+        self.arrivals += [arrival] * n
+        self.quarantine_reasons += [None] * n
+        if start:
+            self.sub_sequence_numbers += users.sub_sequence_numbers[start:]
+            self.partition_keys += users.partition_keys[start:]
+            self.explicit_hash_keys += users.explicit_hash_keys[start:]
+            self.datas += users.datas[start:]
+        else:
+            self.sub_sequence_numbers += users.sub_sequence_numbers
+            self.partition_keys += users.partition_keys
+            self.explicit_hash_keys += users.explicit_hash_keys
+            self.datas += users.datas
+
+    def add_quarantined(self, sequence_number: str, partition_key: str, arrival: datetime, data: bytes, reason: str) -> None:
+        """A corrupt Kinesis record, raw, with the reason it is quarantined."""
+        self.sequence_numbers.append(sequence_number)
+        self.sub_sequence_numbers.append(None)
+        self.partition_keys.append(partition_key)
+        self.explicit_hash_keys.append(None)
+        self.arrivals.append(arrival)
+        self.datas.append(data)
+        self.quarantine_reasons.append(reason)
+
+    def __len__(self) -> int:
+        return len(self.datas)
+
+    def __iter__(self) -> Iterator[UserRecord]:
+        shard = self.shard_id
+        for row in zip(self.sequence_numbers, self.sub_sequence_numbers, self.partition_keys, self.explicit_hash_keys,
+                       self.arrivals, self.datas, self.quarantine_reasons, strict=True):  # fmt: skip
+            yield UserRecord(shard, *row)
 
 
 @dataclass
@@ -383,7 +492,7 @@ class _Progress:
 class ShardReader:
     """Reads one :class:`ShardRange` with ``GetRecords``.
 
-    Iterate :meth:`pages` for lists of :class:`UserRecord` (one list per GetRecords response);
+    Iterate :meth:`pages` for :class:`Page` objects (one per GetRecords response; iterating a page gives :class:`UserRecord` tuples);
     :attr:`report` is set when the iteration ends.
 
     :param client: a boto3 Kinesis client.
@@ -518,7 +627,7 @@ class ShardReader:
         if iterator is None:
             self._p.stop_reason = "shard_end"
 
-    def accept(self, response: Mapping[str, Any]) -> list[UserRecord]:
+    def accept(self, response: Mapping[str, Any]) -> Page:
         """Apply the stop rules to one GetRecords response; return the user records it adds.
 
         Afterwards :attr:`done` tells whether to stop, else :attr:`next_iterator` is the next
@@ -526,7 +635,7 @@ class ShardReader:
         """
         rng = self.range
         self._p.millis_behind_latest = response.get("MillisBehindLatest")
-        page: list[UserRecord] = []
+        page = Page(rng.shard_id)
         records = response.get("Records", [])
         self.last_response_bytes = sum(len(r["Data"]) for r in records)
         self._p.response_bytes += self.last_response_bytes
@@ -587,8 +696,8 @@ class ShardReader:
                 self._sleep(delay)
                 attempt += 1
 
-    def pages(self) -> Iterator[list[UserRecord]]:
-        """Yield the user records of the range, one list per GetRecords response."""
+    def pages(self) -> Iterator[Page]:
+        """Yield the user records of the range, one :class:`Page` per GetRecords response that added any."""
         started = time.monotonic()
         self._p.read_started = time.time()
         self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
@@ -627,7 +736,7 @@ class ShardReader:
             p.calls, p.throttled, p.expired, time.monotonic() - started,
         )  # fmt: skip
 
-    def _take(self, record: Mapping[str, Any], cutoff: datetime, ending: int | None, page: list[UserRecord]) -> bool:
+    def _take(self, record: Mapping[str, Any], cutoff: datetime, ending: int | None, page: Page) -> bool:
         """Apply the stop rules to one Kinesis record; add its user records to ``page``.
 
         :returns: whether reading stops (the record is then not taken unless it ends the shard).
@@ -644,11 +753,11 @@ class ShardReader:
             return True
         data: bytes = record["Data"]
         try:
-            users = deaggregate(data, record["PartitionKey"])
+            users = _user_records(data, record["PartitionKey"])
         except CorruptAggregateError as err:
             reason = err.fields.get("reason", "corrupt")
             log.warning("shard %s, sequence number %s: %s; quarantined", rng.shard_id, sequence_number, err)
-            page.append(UserRecord(rng.shard_id, sequence_number, None, record["PartitionKey"], None, arrival, data, reason))
+            page.add_quarantined(sequence_number, record["PartitionKey"], arrival, data, reason)
             p.quarantined += 1
             p.kinesis_records += 1
             p.kinesis_bytes += len(data)
@@ -659,31 +768,33 @@ class ShardReader:
                 p.stop_reason = "shard_end"
                 return True
             return False
+        subs = users.sub_sequence_numbers
         skip = rng.start.skip_through_sub_sequence_number
+        start = 0
         if skip is not None and rng.start.sequence_number == sequence_number:
-            users = [u for u in users if u[0] is not None and u[0] > skip]
-        size = sum(len(u[3]) for u in users)
+            # sub-sequence numbers are 0, 1, 2, ... (their list positions); a plain record has none
+            start = len(subs) if subs[0] is None else min(len(subs), skip + 1)
+        count = len(subs) - start
+        size = sum(map(len, users.datas[start:] if start else users.datas))
         if p.records > 0:
-            if rng.max_records is not None and p.records + len(users) > rng.max_records:
+            if rng.max_records is not None and p.records + count > rng.max_records:
                 p.stop_reason = "max_records"
                 return True
             if rng.max_bytes is not None and p.kinesis_bytes + len(data) > rng.max_bytes:
                 p.stop_reason = "max_bytes"
                 return True
-        if rng.starting_hash_key is not None and users and users[0][0] is not None:
+        if rng.starting_hash_key is not None and count and subs[0] is not None:
             low, high = int(rng.starting_hash_key), int(rng.ending_hash_key or rng.starting_hash_key)
-            for _, key, hash_key, _ in users:
-                value = int(hash_key) if hash_key else int(hashlib.md5(key.encode()).hexdigest(), 16)  # noqa: S324
-                p.out_of_range += not low <= value <= high
-        page.extend(UserRecord(rng.shard_id, sequence_number, sub, key, hash_key, arrival, payload)
-                    for sub, key, hash_key, payload in users)  # fmt: skip
-        if users:
+            kept = users if not start else _Users(*(column[start:] for column in users[:6]), *users[6:])
+            p.out_of_range += kept.out_of_range(low, high)
+        page.add(sequence_number, arrival, users, start)
+        if count:
             if p.first is None:
-                p.first = ExtendedSequenceNumber(sequence_number, users[0][0])
-            p.last = ExtendedSequenceNumber(sequence_number, users[-1][0])
+                p.first = ExtendedSequenceNumber(sequence_number, subs[start])
+            p.last = ExtendedSequenceNumber(sequence_number, subs[-1])
             p.first_arrival = p.first_arrival or arrival
             p.last_arrival = arrival
-        p.records += len(users)
+        p.records += count
         p.bytes += size
         p.kinesis_records += 1
         p.kinesis_bytes += len(data)
@@ -706,7 +817,7 @@ class ShardReader:
         return out, self.report
 
 
-def read_concurrently(readers: list[ShardReader], pages_per_reader: int = 2) -> Iterator[tuple[ShardReader, list[UserRecord] | None]]:
+def read_concurrently(readers: list[ShardReader], pages_per_reader: int = 2) -> Iterator[tuple[ShardReader, Page | None]]:
     """Run several readers at once, one thread each, and interleave their pages.
 
     Reading Kinesis is waiting (each shard's read budget, network round trips), so one process
