@@ -594,7 +594,10 @@ class ShardReader:
         else:  # record size unknown yet: a first response of at most initial_limit records
             limit = min(limit, self.initial_limit)
         if self.range.max_records is not None:
-            limit = max(1, min(limit, self.range.max_records - p.records))
+            remaining = self.range.max_records - p.records
+            if p.kinesis_records == 0 and self.range.start.skip_through_sub_sequence_number is not None:
+                remaining += 1  # the first Kinesis record re-reads an aggregate that is partly committed
+            limit = max(1, min(limit, remaining))
         p.calls += 1
         return {"ShardIterator": iterator, "Limit": limit}
 
@@ -875,7 +878,10 @@ def read_concurrently(readers: list[ShardReader], pages_per_reader: int = 2) -> 
 
 
 def probe_reader(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReader:
-    """A reader of at most one Kinesis record of the range (``Limit`` 1, record cap 1).
+    """A reader of the range's first user record (record cap 1; ``Limit`` 1, or 2 when the range
+    starts by re-reading an aggregate whose first user records are committed: that aggregate
+    usually holds none left, and the second Kinesis record then comes with the same call
+    instead of one more call ``min_call_interval`` later).
 
     The stop rules are those of a full read, so a report with ``records == 0`` is the full
     report of an empty range (cutoff, caught up or shard end), and the batch needs no Spark job;
@@ -891,7 +897,8 @@ def probe_reader(client: Any, stream_name: str, shard_range: ShardRange, **reade
         max_records=1,
         max_bytes=shard_range.max_bytes,
     )
-    return ShardReader(client, stream_name, capped, limit=1, **reader_kwargs)
+    limit = 2 if shard_range.start.skip_through_sub_sequence_number is not None else 1
+    return ShardReader(client, stream_name, capped, limit=limit, **reader_kwargs)
 
 
 def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:

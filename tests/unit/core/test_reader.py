@@ -833,3 +833,21 @@ def test_read_concurrently_raises_the_first_error_and_stops_the_others():
     calls = len(good.calls)
     time.sleep(0.1)
     assert len(good.calls) == calls  # the other reader stopped calling Kinesis
+
+
+def test_probe_of_a_range_that_re_reads_a_committed_aggregate_takes_one_call():
+    """A sub-sequence checkpoint re-reads its aggregate (all of it committed here): with ``Limit`` 2
+    the probe gets the next record in the same call, not one more call ``min_call_interval`` later."""
+    from airflow_kinesis_spark.core.reader import probe_reader
+
+    client = FakeKinesis([aggregated(0, 3), plain(1), plain(2)])
+    sleeps = Sleeps()
+    reader = probe_reader(client, STREAM, make_range(Checkpoint.at(seq(0), 2)), min_call_interval=0.2, sleep=sleeps)
+    records, report = reader.read_all()
+    assert [(r.sequence_number, r.sub_sequence_number) for r in records] == [(seq(1), None)]
+    assert report.first == ExtendedSequenceNumber(seq(1)) and report.stop_reason == "max_records"
+    assert client.limits() == [2] and sleeps == []
+    # from a plain checkpoint the probe asks for one record
+    client = FakeKinesis([plain(0), plain(1)])
+    probe_reader(client, STREAM, make_range(Checkpoint.at(seq(0))), min_call_interval=0.2, sleep=Sleeps()).read_all()
+    assert client.limits() == [1]
