@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="max_bytes_per_shard of the memory runs: each batch reads at most this per shard")
     parser.add_argument("--small-records", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each fixed-cost measurement (median)")
-    parser.add_argument("--unthrottled-repeat", type=int, default=3, help="unthrottled runs of each consumer (median of the ratios)")
+    parser.add_argument("--unthrottled-repeat", type=int, default=5, help="unthrottled runs of each consumer (median of the ratios)")
     parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
     args = parser.parse_args(argv)
     lines = access_log_lines(ROOT / "data" / "apache_access_log.gz")

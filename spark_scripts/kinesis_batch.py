@@ -107,6 +107,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
     def read_ranges(batches: Iterator[Any]) -> Iterator[Any]:
         import boto3
         import pyarrow as pa
+        import pyarrow.compute as pc
         from botocore.config import Config
 
         from airflow_kinesis_spark.core.reader import ShardRange, ShardReader, read_concurrently
@@ -156,30 +157,29 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                 row = [pa.nulls(1, f.type) for f in schema][:-1] + [pa.array([report], pa.string())]
                 yield pa.RecordBatch.from_arrays(row, schema=schema)
                 continue
-            columns = [page.sequence_numbers, page.sub_sequence_numbers, page.partition_keys, page.explicit_hash_keys,
-                       page.arrivals, page.datas, page.quarantine_reasons]  # fmt: skip
-            if quarantine_only:
-                keep = [i for i, reason in enumerate(page.quarantine_reasons) if reason is not None]
-                if not keep:
-                    continue
-                columns = [[column[i] for i in keep] for column in columns]
-            sequence, sub, key, hash_key, arrival, data, reason = columns
-            n = len(data)
-            yield pa.RecordBatch.from_arrays(
+            # What a Kinesis record's user records share is converted once and repeated by Arrow.
+            n = len(page)
+            index = pa.array(page.kinesis_record_index(), pa.int32())
+            batch = pa.RecordBatch.from_arrays(
                 [
-                    pa.array([stream_name] * n, pa.string()),
-                    pa.array([page.shard_id] * n, pa.string()),
-                    pa.array(sequence, pa.string()),
-                    pa.array(sub, pa.int64()),
-                    pa.array(key, pa.string()),
-                    pa.array(hash_key, pa.string()),
-                    pa.array(arrival, pa.timestamp("us", tz="UTC")),
-                    pa.array(data, pa.binary()),
-                    pa.array(reason, pa.string()),
+                    pa.repeat(pa.scalar(stream_name, pa.string()), n),
+                    pa.repeat(pa.scalar(page.shard_id, pa.string()), n),
+                    pa.array(page.sequence_numbers, pa.string()).take(index),
+                    pa.array(page.sub_sequence_numbers, pa.int64()),
+                    pa.array(page.partition_keys, pa.string()),
+                    pa.array(page.explicit_hash_keys, pa.string()),
+                    pa.array(page.arrivals, pa.timestamp("us", tz="UTC")).take(index),
+                    pa.array(page.datas, pa.binary()),
+                    pa.array(page.quarantine_reasons, pa.string()).take(index),
                     pa.nulls(n, pa.string()),
                 ],
                 schema=schema,
             )
+            if quarantine_only:
+                batch = batch.filter(pc.is_valid(batch.column("_quarantine_reason")))
+                if batch.num_rows == 0:
+                    continue
+            yield batch
 
     return read_ranges
 

@@ -23,6 +23,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from itertools import chain, repeat
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -407,34 +408,38 @@ class Page:
     """The user records of one ``GetRecords`` response, column by column.
 
     A batch holds millions of user records: columns (lists of strings, ints and bytes) cost no
-    Python object per record and give Arrow its arrays directly. Iterating a page gives
+    Python object per record and give Arrow its arrays directly. What all user records of one
+    Kinesis record share is kept once per Kinesis record. Iterating a page gives
     :class:`UserRecord` tuples; ``len(page)`` is its number of user records.
 
-    Every attribute but ``shard_id`` is a list with one entry per user record, in the output
-    schema's order: ``sequence_numbers``, ``sub_sequence_numbers``, ``partition_keys``,
-    ``explicit_hash_keys``, ``arrivals`` (``ApproximateArrivalTimestamp``, aware UTC),
-    ``datas`` and ``quarantine_reasons`` (``None`` but for a quarantined Kinesis record).
+    * Once per Kinesis record (equal-length lists): ``sequence_numbers``, ``arrivals``
+      (``ApproximateArrivalTimestamp``, aware UTC), ``quarantine_reasons`` (``None`` but for a
+      quarantined Kinesis record) and ``counts`` (how many of the page's user records it gave,
+      0 when all of them were committed before).
+    * Once per user record (equal-length lists, ``sum(counts)`` long, in order):
+      ``sub_sequence_numbers``, ``partition_keys``, ``explicit_hash_keys`` and ``datas``.
     """
 
-    __slots__ = ("shard_id", "sequence_numbers", "sub_sequence_numbers", "partition_keys",
-                 "explicit_hash_keys", "arrivals", "datas", "quarantine_reasons")  # fmt: skip
+    __slots__ = ("shard_id", "sequence_numbers", "arrivals", "quarantine_reasons", "counts",
+                 "sub_sequence_numbers", "partition_keys", "explicit_hash_keys", "datas")  # fmt: skip
 
     def __init__(self, shard_id: str) -> None:
         self.shard_id = shard_id
         self.sequence_numbers: list[str] = []
+        self.arrivals: list[datetime] = []
+        self.quarantine_reasons: list[str | None] = []
+        self.counts: list[int] = []
         self.sub_sequence_numbers: list[int | None] = []
         self.partition_keys: list[str] = []
         self.explicit_hash_keys: list[str | None] = []
-        self.arrivals: list[datetime] = []
         self.datas: list[bytes] = []
-        self.quarantine_reasons: list[str | None] = []
 
     def add(self, sequence_number: str, arrival: datetime, users: _Users, start: int = 0) -> None:
         """The user records of one Kinesis record, from the ``start``-th on."""
-        n = len(users.datas) - start
-        self.sequence_numbers += [sequence_number] * n
-        self.arrivals += [arrival] * n
-        self.quarantine_reasons += [None] * n
+        self.sequence_numbers.append(sequence_number)
+        self.arrivals.append(arrival)
+        self.quarantine_reasons.append(None)
+        self.counts.append(len(users.datas) - start)
         if start:
             self.sub_sequence_numbers += users.sub_sequence_numbers[start:]
             self.partition_keys += users.partition_keys[start:]
@@ -449,21 +454,26 @@ class Page:
     def add_quarantined(self, sequence_number: str, partition_key: str, arrival: datetime, data: bytes, reason: str) -> None:
         """A corrupt Kinesis record, raw, with the reason it is quarantined."""
         self.sequence_numbers.append(sequence_number)
+        self.arrivals.append(arrival)
+        self.quarantine_reasons.append(reason)
+        self.counts.append(1)
         self.sub_sequence_numbers.append(None)
         self.partition_keys.append(partition_key)
         self.explicit_hash_keys.append(None)
-        self.arrivals.append(arrival)
         self.datas.append(data)
-        self.quarantine_reasons.append(reason)
+
+    def kinesis_record_index(self) -> list[int]:
+        """For each user record, the position of its Kinesis record in the per-Kinesis-record lists."""
+        return list(chain.from_iterable(repeat(i, n) for i, n in enumerate(self.counts)))
 
     def __len__(self) -> int:
         return len(self.datas)
 
     def __iter__(self) -> Iterator[UserRecord]:
-        shard = self.shard_id
-        for row in zip(self.sequence_numbers, self.sub_sequence_numbers, self.partition_keys, self.explicit_hash_keys,
-                       self.arrivals, self.datas, self.quarantine_reasons, strict=True):  # fmt: skip
-            yield UserRecord(shard, *row)
+        shard, seqs, arrivals, reasons = self.shard_id, self.sequence_numbers, self.arrivals, self.quarantine_reasons
+        for k, sub, key, hash_key, data in zip(self.kinesis_record_index(), self.sub_sequence_numbers, self.partition_keys,
+                                               self.explicit_hash_keys, self.datas, strict=True):  # fmt: skip
+            yield UserRecord(shard, seqs[k], sub, key, hash_key, arrivals[k], data, reasons[k])
 
 
 @dataclass
