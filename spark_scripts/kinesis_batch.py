@@ -21,7 +21,7 @@ Submitted by ``KinesisToSparkOperator`` (spark-submit) with::
   records seen) the read is cached on disk, so Kinesis is read once: the reports are collected
   from the cache, then the records are written from it. No records, no files.
 * Output: Spark's Parquet writer, mode ``overwrite``, at the plan's ``output_location`` (derived
-  from the batch id), so a re-run of the batch replaces its output. No records, no files.
+  from the batch id), so a re-run of the batch replaces its output.
 * AWS credentials, region and endpoint come from the driver's environment
   (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``,
   ``AWS_ENDPOINT_URL_KINESIS``), never from the command line.
