@@ -230,6 +230,14 @@ def _range_key(item: dict[str, Any]) -> tuple[str, int]:
     return item["shard_id"], int(item.get("slice_index") or 0)
 
 
+#: What two reads of one range must agree on (timings and call counts may differ).
+READ_FIELDS = ("first", "last", "records", "quarantined", "stop_reason")
+
+
+def _same_read(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in READ_FIELDS)
+
+
 def collect_reports(plan: dict[str, Any], rows: list[str]) -> list[dict[str, Any]]:
     """One report per planned range, from the job's report rows (JSON), in the plan's order.
 
@@ -244,10 +252,10 @@ def collect_reports(plan: dict[str, Any], rows: list[str]) -> list[dict[str, Any
         report = json.loads(row)
         key = _range_key(report)
         seen = found.setdefault(key, report)
-        what = ("first", "last", "records", "quarantined", "stop_reason")
-        if any(seen.get(k) != report.get(k) for k in what):
+        if not _same_read(seen, report):
             raise RuntimeError(f"shard {key[0]} (slice {key[1]}) was read twice with different results: "
-                               f"{[seen.get(k) for k in what]} and {[report.get(k) for k in what]}; nothing is committed")  # fmt: skip
+                               f"{[seen.get(k) for k in READ_FIELDS]} and {[report.get(k) for k in READ_FIELDS]}; "
+                               "nothing is committed")  # fmt: skip
     missing = [key for key in map(_range_key, plan["ranges"]) if key not in found]
     if missing:
         raise RuntimeError(
@@ -320,7 +328,7 @@ def run_one_pass(spark: Any, plan: dict[str, Any], transform: Callable | None, a
         first = {_range_key(r): r for r in reports}
         for report in collect_reports(again, _observed_reports(observation2, rows2, name2)):
             before = first[_range_key(report)]
-            if any(before.get(k) != report.get(k) for k in ("first", "last", "records", "quarantined")):
+            if not _same_read(before, report):
                 raise RuntimeError(f"shard {report['shard_id']}: the second read of its corrupt records read something else "
                                    f"than the first ({before.get('last')} vs {report.get('last')}); nothing is committed")  # fmt: skip
         log.warning("batch %s: %d corrupt Kinesis records quarantined", plan["batch_id"], quarantined)

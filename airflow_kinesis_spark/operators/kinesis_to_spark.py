@@ -351,8 +351,6 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         self.spark_connect_reuse_session = spark_connect_reuse_session
         self.allow_data_loss = allow_data_loss
         self._spark_hook: BatchSparkSubmitHook | None = None
-        #: whether the probes of the batch being run saw a user record (the job then reads and writes in one pass)
-        self._records_expected = False
 
 
     # -- validation ----------------------------------------------------------------------------
@@ -448,11 +446,11 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     def _run_batch(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
         owner = self._owner(context)
-        self._records_expected = False  # a resumed batch is read with no expectation
         store.ensure_table()
         head = store.head()
         plan = store.pending_plan(head)
         reports: list[ShardReport] | None = None
+        records_expected = False  # a resumed batch is read with no expectation
         reused = plan is not None
         if plan is not None:
             self.log.info(
@@ -471,11 +469,11 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             probes = self._probe(plan)
             if not any(r.records or r.quarantined for r in probes):
                 return self._commit_without_records(store, plan, probes, owner)
-            self._records_expected = any(r.records for r in probes)
+            records_expected = any(r.records for r in probes)
             store.begin(plan, owner)
         if reports is None:
             with self._lease(store, plan.batch_id, owner):
-                reports = self._run_spark(plan)
+                reports = self._run_spark(plan, records_expected)
             checkpoints = validate_report(plan, reports)
             store.record_report(plan.batch_id, owner, reports)
         else:
@@ -645,7 +643,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         store.commit(plan, checkpoints, owner)
         return self._summary(plan, probes, checkpoints, "committed_without_records", False)
 
-    def _spark_hook_for(self, plan: BatchPlan, plan_file: str, report_file: str, py_files: str) -> BatchSparkSubmitHook:
+    def _spark_hook_for(self, plan: BatchPlan, plan_file: str, report_file: str, py_files: str,
+                        records_expected: bool) -> BatchSparkSubmitHook:
         application_args = [
             "--plan-file", plan_file, "--report-file", report_file,
             "--limit", str(self.get_records_limit), "--min-call-interval", str(self.min_call_interval),
@@ -653,7 +652,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         ]  # fmt: skip
         if self.transform:
             application_args += ["--transform", self.transform]
-        if self._records_expected:
+        if records_expected:
             application_args.append("--records-expected")
         py_files = ",".join(p for p in (py_files, self.spark_py_files) if p)
         name = f"kinesis-batch-{plan.stream_name}-{plan.consumer_name}-{plan.batch_id}"
@@ -680,14 +679,14 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         hook = build(env)
         return hook
 
-    def _reader_options(self) -> dict[str, Any]:
+    def _reader_options(self, records_expected: bool) -> dict[str, Any]:
         """The job's reader settings (``kinesis_batch.reader_options`` builds the same from its arguments)."""
         return {
             "limit": self.get_records_limit,
             "min_call_interval": self.min_call_interval,
             "read_bytes_per_second": self.read_bytes_per_second,
             "read_tasks": self.read_tasks,
-            "records_expected": self._records_expected,
+            "records_expected": records_expected,
         }
 
     def _spark_conn_type(self) -> str | None:
@@ -699,13 +698,15 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         except Exception:  # noqa: BLE001 - any lookup failure means "no such connection"
             return None
 
-    def _run_spark(self, plan: BatchPlan) -> list[ShardReport]:
-        """Run the batch's Spark job: over Spark Connect for a ``spark_connect`` connection, else spark-submit."""
+    def _run_spark(self, plan: BatchPlan, records_expected: bool) -> list[ShardReport]:
+        """Run the batch's Spark job: over Spark Connect for a ``spark_connect`` connection, else
+        spark-submit. ``records_expected``: the probes saw a user record, so the job reads and
+        writes in one pass."""
         if self._spark_conn_type() == "spark_connect":
-            return self._run_spark_connect(plan)
-        return self._run_spark_submit(plan)
+            return self._run_spark_connect(plan, records_expected)
+        return self._run_spark_submit(plan, records_expected)
 
-    def _run_spark_connect(self, plan: BatchPlan) -> list[ShardReport]:
+    def _run_spark_connect(self, plan: BatchPlan, records_expected: bool) -> list[ShardReport]:
         """Run the job in this process against a running Spark Connect server (no JVM start).
 
         The job is the same code as spark-submit runs (``spark_scripts/kinesis_batch.py``); the
@@ -734,7 +735,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
                 artifacts = [_core_zip(tmp), *filter(None, (self.spark_py_files or "").split(","))]
                 spark = self._connect_session(SparkSession, url, plan, artifacts)
                 result = job.run(spark, plan.to_dict(), transform, self.kinesis_hook.spark_environment(),
-                                 self._reader_options())  # fmt: skip
+                                 self._reader_options(records_expected))  # fmt: skip
         except Exception as err:
             raise RuntimeError(
                 f"The Spark job of {self._what(plan)} failed over Spark Connect: {err}. {self._after_failure()}"
@@ -787,13 +788,13 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             spark.addArtifacts(artifact, pyfile=True)
         return spark
 
-    def _run_spark_submit(self, plan: BatchPlan) -> list[ShardReport]:
+    def _run_spark_submit(self, plan: BatchPlan, records_expected: bool) -> list[ShardReport]:
         with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:
             plan_file = os.path.join(tmp, "plan.json")
             report_file = os.path.join(tmp, "report.json")
             with open(plan_file, "w", encoding="utf-8") as fh:
                 json.dump(plan.to_dict(), fh)
-            hook = self._spark_hook_for(plan, plan_file, report_file, _core_zip(tmp))
+            hook = self._spark_hook_for(plan, plan_file, report_file, _core_zip(tmp), records_expected)
             self._spark_hook = hook
             self.log.info("Submitting the Spark job of batch %d (%d shard ranges)", plan.batch_id, len(plan.ranges))
             try:
@@ -985,8 +986,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         )  # fmt: skip
         probes = self._probe(plan)
         found = any(r.records or r.quarantined for r in probes)
-        self._records_expected = any(r.records for r in probes)
-        reports = self._run_spark(plan) if found else probes
+        reports = self._run_spark(plan, any(r.records for r in probes)) if found else probes
         validate_window_report(plan, reports)
         records = sum(r.records for r in reports)
         if not found:
