@@ -110,7 +110,9 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         import pyarrow.compute as pc
         from botocore.config import Config
 
-        from airflow_kinesis_spark.core.reader import ShardRange, ShardReader, read_concurrently
+        from airflow_kinesis_spark.core.reader import ShardReader, read_concurrently
+
+        from airflow_kinesis_spark.core.ranges import ShardRange
 
         ranges = [ShardRange.from_dict(json.loads(r)) for batch in batches for r in batch.column(0).to_pylist()]
         session = boto3.session.Session(

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
 from airflow_kinesis_spark.core.positions import Checkpoint
-from airflow_kinesis_spark.core.reader import ShardReport
+from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.shards import Shard
 
 #: A real-looking 56-digit sequence number.

@@ -23,13 +23,8 @@ from airflow_kinesis_spark.core.lag import (
 )
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
-from airflow_kinesis_spark.core.reader import (
-    MIN_CALL_INTERVAL_S,
-    ShardRange,
-    ShardReader,
-    ShardReport,
-    probe_reader,
-)
+from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, ShardReader, probe_reader
+from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.shards import Shard
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head, join_chunks
 from airflow_kinesis_spark.exceptions import StreamNotFoundError

@@ -29,7 +29,8 @@ from airflow_kinesis_spark.core.positions import (
     format_timestamp,
     to_utc,
 )
-from airflow_kinesis_spark.core.reader import GET_RECORDS_MAX_LIMIT, ShardRange, ShardReader, ShardReport
+from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
+from airflow_kinesis_spark.core.reader import GET_RECORDS_MAX_LIMIT, MIN_CALL_INTERVAL_S, ShardReader
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
 
 __all__ = [
@@ -40,6 +41,9 @@ __all__ = [
     "backlog_ready",
     "retention_risks",
     "trim_gap",
+    "known_until",
+    "find_trim_gaps",
+    "MIN_RETENTION",
     "topology_change",
     "ShardBacklog",
     "COUNT_MAX_GET_RECORDS_CALLS",
@@ -179,6 +183,59 @@ def trim_gap(
     return oldest_arrival is not None and checkpoint.timestamp is not None and oldest_arrival > checkpoint.timestamp
 
 
+#: The shortest retention period a stream can have (24 hours, Kinesis developer guide).
+MIN_RETENTION = timedelta(hours=24)
+
+
+def known_until(checkpoint: Checkpoint) -> datetime | None:
+    """Up to when the shard is known read after ``checkpoint``: the ``clear_until`` the batch that
+    made it recorded, else an ``AT_TIMESTAMP`` checkpoint's timestamp; ``None`` when unknown."""
+    return checkpoint.clear_until or checkpoint.timestamp
+
+
+def find_trim_gaps(
+    client: Any, stream_name: str, ranges: Iterable[ShardRange], now: datetime, *, min_call_interval: float = MIN_CALL_INTERVAL_S
+) -> dict[str, str]:
+    """Shards whose range starts after a checkpoint that may have fallen behind the trim horizon.
+
+    Used for a new plan's ranges and for a pending plan's before it is re-used (a batch left
+    pending for longer than the retention period). Costs nothing while every range's checkpoint
+    is known good within 24 hours (:data:`MIN_RETENTION`, the shortest retention period);
+    otherwise one DescribeStreamSummary and one TRIM_HORIZON probe (``Limit`` 1) per doubtful
+    shard, decided by :func:`trim_gap`.
+
+    :param client: boto3 Kinesis client.
+    :returns: shard id -> what was found (checkpoint, oldest record kept, retention, trim horizon),
+        for messages; empty when no records can have aged out unread.
+    """
+    from airflow_kinesis_spark.core.reader import probe_range
+
+    now = to_utc(now)
+    doubtful = [
+        r for r in ranges
+        if r.start_checkpoint.sentinel is not Sentinel.TRIM_HORIZON
+        and ((known_until(r.start_checkpoint) is None) or known_until(r.start_checkpoint) < now - MIN_RETENTION)  # type: ignore[operator]
+    ]  # fmt: skip
+    if not doubtful:
+        return {}
+    summary = client.describe_stream_summary(StreamName=stream_name)["StreamDescriptionSummary"]
+    retention = float(summary["RetentionPeriodHours"])
+    horizon = now - timedelta(hours=retention)
+    gaps = {}
+    for rng in doubtful:
+        from_horizon = ShardRange(
+            rng.shard_id, StartPosition("TRIM_HORIZON"), Checkpoint(Sentinel.TRIM_HORIZON), now, rng.ending_sequence_number
+        )
+        oldest = probe_range(client, stream_name, from_horizon, min_call_interval=min_call_interval)
+        oldest_seq = oldest.first.sequence_number if oldest.first else None
+        if trim_gap(rng.start_checkpoint, oldest_seq, oldest.first_arrival, horizon):
+            gaps[rng.shard_id] = (
+                f"checkpoint {rng.start_checkpoint}, oldest record kept {oldest_seq} "
+                f"(retention {retention:g} h, trim horizon {format_timestamp(horizon)})"
+            )
+    return gaps
+
+
 def topology_change(shards: Iterable[Shard], previous_open: Sequence[str]) -> dict[str, Any]:
     """How the open shards differ from ``previous_open`` (the last committed batch's).
 
@@ -275,9 +332,7 @@ def backlog_due(summary: Mapping[str, Any], min_records: int | None, min_age_sec
     return None
 
 
-def measure_lag(
-    client: Any, store: Any, *, initial_position: str = "TRIM_HORIZON", now: datetime | None = None, max_workers: int = 16
-) -> dict[str, Any]:
+def measure_lag(client: Any, store: Any, *, initial_position: str = "TRIM_HORIZON", now: datetime | None = None) -> dict[str, Any]:
     """Measure a consumer's lag with a boto3 Kinesis client (one probe per readable shard).
 
     :param client: boto3 Kinesis client.
@@ -285,10 +340,9 @@ def measure_lag(
     :returns: :func:`lag_summary`'s dict.
     :raises StreamNotFoundError: the stream does not exist.
     """
-    from concurrent.futures import ThreadPoolExecutor
     from datetime import timezone
 
-    from airflow_kinesis_spark.core.reader import probe_range
+    from airflow_kinesis_spark.core.reader import probe_ranges
     from airflow_kinesis_spark.core.shards import list_shards
 
     now = now or datetime.now(timezone.utc)
@@ -296,6 +350,5 @@ def measure_lag(
     plan = lag_plan(store.stream_name, store.consumer_name, shards, store.committed_checkpoints(), now, initial_position)
     if not plan.ranges:
         return lag_summary([], plan, now)
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(plan.ranges))) as pool:
-        probes = list(pool.map(lambda r: probe_range(client, store.stream_name, r, min_call_interval=0), plan.ranges))
+    probes = probe_ranges(client, store.stream_name, plan.ranges, min_call_interval=0)
     return lag_summary([shard_lag(r, p, now) for r, p in zip(plan.ranges, probes, strict=True)], plan, now)

@@ -20,7 +20,7 @@ from airflow_kinesis_spark.core.positions import (
     parse_timestamp,
     to_utc,
 )
-from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition
+from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
 from airflow_kinesis_spark.exceptions import DataLossError, ReportValidationError
 

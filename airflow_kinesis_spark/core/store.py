@@ -34,16 +34,16 @@ from __future__ import annotations
 import json
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from airflow_kinesis_spark.core.names import validate_table_name
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
-from airflow_kinesis_spark.core.reader import ShardReport
+from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.exceptions import (
     BatchLeaseHeldError,
     CheckpointConflictError,
@@ -51,25 +51,10 @@ from airflow_kinesis_spark.exceptions import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "validate_table_name"]
+__all__ = ["Head", "DynamoDBCheckpointStore", "CHUNK_CHARS"]
 
 #: Characters of JSON per chunk item; a DynamoDB item holds at most 400 KB.
 CHUNK_CHARS = 350_000
-# DynamoDB table names: 3-255 characters of a-z, A-Z, 0-9, '_', '-', '.' (DynamoDB naming rules).
-_TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
-
-
-def validate_table_name(name: str) -> str:
-    """Return ``name`` if it is a valid DynamoDB table name.
-
-    :raises ValueError: naming the rule (3-255 characters of ``a-z A-Z 0-9 _ - .``).
-    """
-    if not isinstance(name, str) or not _TABLE_NAME.match(name):
-        raise ValueError(
-            f"checkpoint table name {name!r} is not a valid DynamoDB table name: use 3-255 characters "
-            "of a-z, A-Z, 0-9, '_', '-' and '.'"
-        )
-    return name
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from airflow_kinesis_spark.core.positions import (
     format_timestamp,
     to_utc,
 )
-from airflow_kinesis_spark.core.reader import ShardRange, StartPosition
+from airflow_kinesis_spark.core.ranges import ShardRange, StartPosition
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
 from airflow_kinesis_spark.exceptions import DataLossError
 

@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from functools import cached_property
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFactory
 
 from airflow_kinesis_spark.core.admin import check_endpoint
+from airflow_kinesis_spark.core.names import validate_stream_name
 from airflow_kinesis_spark.core.shards import Shard, list_shards
 
 __all__ = ["FailFastAwsHook", "KinesisStreamHook", "validate_stream_name"]
-
-# Kinesis stream names: 1-128 characters of a-z, A-Z, 0-9, '_', '-', '.' (Kinesis API reference, CreateStream).
-_STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
-
-
-def validate_stream_name(name: str) -> str:
-    """Return ``name`` if it is a valid Kinesis stream name.
-
-    :raises ValueError: naming the rule (1-128 characters of ``a-z A-Z 0-9 _ - .``).
-    """
-    if not isinstance(name, str) or not _STREAM_NAME.match(name):
-        raise ValueError(
-            f"stream name {name!r} is not a valid Kinesis stream name: use 1-128 characters of "
-            "a-z, A-Z, 0-9, '_', '-' and '.'"
-        )
-    return name
-
 
 class FailFastAwsHook(AwsBaseHook):
     """:class:`AwsBaseHook` whose client checks, on first use and within seconds, that its endpoint answers.

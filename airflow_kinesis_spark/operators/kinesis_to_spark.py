@@ -38,13 +38,8 @@ from airflow_kinesis_spark.core.positions import (
     format_timestamp,
     parse_timestamp,
 )
-from airflow_kinesis_spark.core.reader import (
-    READ_BYTES_PER_SECOND,
-    ShardRange,
-    ShardReport,
-    StartPosition,
-    probe_range,
-)
+from airflow_kinesis_spark.core.reader import READ_BYTES_PER_SECOND, probe_range
+from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.core.store import (
     DynamoDBCheckpointStore,
     validate_table_name,

@@ -19,7 +19,7 @@ from airflow_kinesis_spark.core.lag import (
 from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
-from airflow_kinesis_spark.hooks.kinesis import validate_stream_name
+from airflow_kinesis_spark.core.names import validate_stream_name
 from airflow_kinesis_spark.triggers.kinesis import (
     KinesisReshardingTrigger,
     KinesisRetentionTrigger,

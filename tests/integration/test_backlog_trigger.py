@@ -16,7 +16,7 @@ from airflow.triggers.base import BaseEventTrigger
 
 from airflow_kinesis_spark.core import aio
 from airflow_kinesis_spark.core.lag import backlog_due, backlog_summary, lag_plan, shard_backlog
-from airflow_kinesis_spark.core.reader import ShardReport
+from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.shards import Shard, list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.triggers import kinesis as triggers
@@ -233,7 +233,7 @@ class _EndlessShard:
 
 
 def test_count_makes_at_most_three_get_records_calls_per_shard_paced_for_the_limit():
-    from airflow_kinesis_spark.core.reader import ShardRange, StartPosition
+    from airflow_kinesis_spark.core.ranges import ShardRange, StartPosition
     from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel
 
     client = _EndlessShard()

@@ -12,7 +12,8 @@ from aws_kinesis_agg.aggregator import RecordAggregator
 
 from airflow_kinesis_spark.core.planner import BatchPlan, advance, plan_incremental, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
-from airflow_kinesis_spark.core.reader import ShardReader, ShardReport, StartPosition, UserRecord
+from airflow_kinesis_spark.core.reader import ShardReader, UserRecord
+from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import StreamNotFoundError
 from tests.conftest import REGION, create_stream

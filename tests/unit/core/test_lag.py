@@ -18,7 +18,7 @@ from airflow_kinesis_spark.core.lag import (
 )
 from airflow_kinesis_spark.core.planner import advance
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
-from airflow_kinesis_spark.core.reader import ShardReport
+from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.shards import Shard
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
@@ -130,7 +130,7 @@ def test_topology_change_after_a_split_and_a_merge():
 def test_count_reader_asks_for_its_bound_in_the_first_call(bound):
     """The count's budget is a few calls: its first call asks for the whole bound, not the batch
     readers' cautious first Limit."""
-    from airflow_kinesis_spark.core.reader import ShardRange, StartPosition
+    from airflow_kinesis_spark.core.ranges import ShardRange, StartPosition
 
     rng = ShardRange(shard_id="shardId-000000000000", start=StartPosition("TRIM_HORIZON"),
                      start_checkpoint=Checkpoint(Sentinel.TRIM_HORIZON), cutoff=datetime.now(timezone.utc))  # fmt: skip

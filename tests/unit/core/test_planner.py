@@ -15,7 +15,7 @@ from airflow_kinesis_spark.core.planner import (
     validate_report,
 )
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
-from airflow_kinesis_spark.core.reader import ShardRange, ShardReport, StartPosition
+from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage
 from airflow_kinesis_spark.exceptions import DataLossError, ReportValidationError
 

@@ -13,15 +13,8 @@ from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.planner import BatchPlan, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
-from airflow_kinesis_spark.core.reader import (
-    PACING_MARGIN_S,
-    GET_RECORDS_MAX_LIMIT,
-    ShardRange,
-    ShardReader,
-    ShardReport,
-    StartPosition,
-    UserRecord,
-)
+from airflow_kinesis_spark.core.reader import PACING_MARGIN_S, GET_RECORDS_MAX_LIMIT, ShardReader, UserRecord
+from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 
 SHARD = "shardId-000000000007"
 STREAM = "orders"

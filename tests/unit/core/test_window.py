@@ -58,7 +58,7 @@ def test_window_label_is_path_safe():
 
 
 def test_a_window_report_must_cover_every_planned_slice_once():
-    from airflow_kinesis_spark.core.reader import ShardReport
+    from airflow_kinesis_spark.core.ranges import ShardReport
     from airflow_kinesis_spark.core.shards import Shard
     from airflow_kinesis_spark.core.window import plan_window, validate_window_report
     from airflow_kinesis_spark.exceptions import ReportValidationError
