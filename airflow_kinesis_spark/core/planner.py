@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -174,7 +174,9 @@ def plan_incremental(
         if cap is not None and cap < 1:
             raise ValueError(f"{name} must be a positive integer or None; got {cap!r}")
     now = to_utc(now)
-    cutoff = min(to_utc(cutoff), now)
+    # Milliseconds, the precision of ApproximateArrivalTimestamp and of the stored plan: the probes
+    # (on this plan) and every attempt of the job (on the stored plan) then stop at the same record.
+    cutoff = parse_timestamp(format_timestamp(min(to_utc(cutoff), now)))
     lineage = ShardLineage(shards)
     vanished = sorted(k for k, v in checkpoints.items() if k not in lineage.shards and not v.is_shard_end)
     if vanished:
@@ -240,6 +242,21 @@ def plan_incremental(
         lost_shards=tuple(vanished),
         open_shards=tuple(sorted(s.shard_id for s in lineage.shards.values() if not s.is_closed)),
     )
+
+
+def restart_from_trim_horizon(plan: BatchPlan, gaps: Mapping[str, str]) -> BatchPlan:
+    """``plan`` with the ranges of the gapped shards starting at the oldest record kept.
+
+    What ``allow_data_loss=True`` does to a shard whose checkpoint fell behind the trim horizon
+    (:func:`~airflow_kinesis_spark.core.lag.find_trim_gaps`): read from ``TRIM_HORIZON``, and
+    record the gap in the plan (``trim_gaps``) so the summary reports it.
+    """
+    from_horizon = Checkpoint(Sentinel.TRIM_HORIZON)
+    ranges = tuple(
+        replace(r, start=StartPosition.after(from_horizon), start_checkpoint=from_horizon) if r.shard_id in gaps else r
+        for r in plan.ranges
+    )
+    return replace(plan, ranges=ranges, trim_gaps={**plan.trim_gaps, **gaps})
 
 
 def advance(shard_range: ShardRange, report: ShardReport) -> Checkpoint:

@@ -55,6 +55,7 @@ __all__ = [
     "ShardReader",
     "deaggregate",
     "read_concurrently",
+    "ReadOptions",
     "probe_range",
     "probe_ranges",
     "GET_RECORDS_MAX_LIMIT",
@@ -83,6 +84,57 @@ PACING_MARGIN_S = 0.05
 #: ``Limit`` of a range's first GetRecords, before any record size is known: 100 records of the
 #: KPL's default 50 KiB aggregates are about 5 MiB, well under the 10 MiB a response may hold.
 INITIAL_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How the job's readers read: the one place for these settings and their defaults.
+
+    :param limit: ``Limit`` of each GetRecords call, 1..10,000 (Kinesis API reference, GetRecords).
+    :param min_call_interval: seconds between two GetRecords calls on one shard (0.2: the
+        service's 5 calls per second per shard).
+    :param read_bytes_per_second: per-shard read budget the readers pace themselves to (bytes
+        per second; default 2 MiB/s, the service's per-shard limit), or ``None`` for no pacing.
+    :param read_tasks: Spark tasks reading the ranges, or ``None`` for Spark's default parallelism.
+    :raises ValueError: a value out of range, named as the operators' parameter.
+    """
+
+    limit: int = GET_RECORDS_MAX_LIMIT
+    min_call_interval: float = MIN_CALL_INTERVAL_S
+    read_bytes_per_second: float | None = READ_BYTES_PER_SECOND
+    read_tasks: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= GET_RECORDS_MAX_LIMIT:
+            raise ValueError(f"get_records_limit must be 1..10,000 (GetRecords Limit); got {self.limit!r}")
+        if not self.min_call_interval >= 0:
+            raise ValueError(f"min_call_interval must be >= 0 seconds; got {self.min_call_interval!r}")
+        if self.read_bytes_per_second is not None and not self.read_bytes_per_second > 0:
+            raise ValueError(
+                f"read_bytes_per_second must be > 0 (bytes per second per shard) or None; got {self.read_bytes_per_second!r}"
+            )
+        if self.read_tasks is not None and (isinstance(self.read_tasks, bool) or not isinstance(self.read_tasks, int) or self.read_tasks < 1):
+            raise ValueError(f"read_tasks must be a positive integer or None; got {self.read_tasks!r}")
+
+    def job_options(self, records_expected: bool) -> dict[str, Any]:
+        """What the Spark job's ``run`` takes as ``options`` (JSON-safe)."""
+        return {
+            "limit": self.limit,
+            "min_call_interval": self.min_call_interval,
+            "read_bytes_per_second": self.read_bytes_per_second,
+            "read_tasks": self.read_tasks,
+            "records_expected": records_expected,
+        }
+
+    def job_args(self, records_expected: bool) -> list[str]:
+        """The same as the job's command-line arguments (``--limit ...``); ``0`` stands for ``None``."""
+        args = [
+            "--limit", str(self.limit), "--min-call-interval", str(self.min_call_interval),
+            "--read-bytes-per-second", str(self.read_bytes_per_second or 0), "--read-tasks", str(self.read_tasks or 0),
+        ]  # fmt: skip
+        return [*args, "--records-expected"] if records_expected else args
+
+
 #: Errors that mean "slow down", retried with exponential backoff and full jitter.
 THROTTLING_ERRORS = frozenset(
     {"ProvisionedThroughputExceededException", "KMSThrottlingException", "LimitExceededException"}

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from airflow_kinesis_spark.hooks.spark import BatchSparkSubmitHook
+from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from demo.producer import put_aggregated, put_plain, verify
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream

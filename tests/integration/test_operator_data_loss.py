@@ -9,6 +9,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.planner import plan_incremental
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber
+from airflow_kinesis_spark.core.protocol import IncrementalSettings, incremental_summary, plan_batch
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
@@ -40,6 +41,14 @@ def operator(stream: str, tmp_path, **kwargs) -> KinesisToSparkOperator:
                                   output_path=str(tmp_path / "out"), min_call_interval=0.0, **kwargs)  # fmt: skip
 
 
+def plan(kinesis, store, stream: str, tmp_path, **kwargs):
+    """Plan batch 2 as the operator's run would (nothing persisted)."""
+    now = datetime.now(timezone.utc)
+    settings = IncrementalSettings(stream_name=stream, consumer_name="lake", output_root=str(tmp_path / "out"), cutoff=now,
+                                   min_call_interval=0.0, **kwargs)  # fmt: skip
+    return plan_batch(kinesis, store, settings, 2, now)
+
+
 def test_checkpoint_behind_the_trim_horizon_fails_without_allow_data_loss(kinesis, dynamodb, unique_name, tmp_path):
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"a"), ("k", b"b")])
@@ -52,10 +61,9 @@ def test_checkpoint_behind_the_trim_horizon_fails_without_allow_data_loss(kinesi
         operator(unique_name, tmp_path).execute({})
     assert store.head().pending_batch_id is None and store.head().committed_batch_id == 1  # nothing planned, nothing moved
 
-    op = operator(unique_name, tmp_path, allow_data_loss=True)
-    plan = op._plan(store, 2, {})
-    assert list(plan.trim_gaps) == [shard.shard_id] and "oldest record kept 1" in plan.trim_gaps[shard.shard_id]
-    assert op._summary(plan, [], plan.checkpoints, "committed", False)["trim_gaps"] == dict(plan.trim_gaps)
+    planned = plan(kinesis, store, unique_name, tmp_path, allow_data_loss=True)
+    assert list(planned.trim_gaps) == [shard.shard_id] and "oldest record kept 1" in planned.trim_gaps[shard.shard_id]
+    assert incremental_summary(planned, [], planned.checkpoints, "committed", reused=False)["trim_gaps"] == dict(planned.trim_gaps)
 
 
 def test_a_recent_checkpoint_is_not_a_gap_and_costs_no_extra_call(kinesis, dynamodb, unique_name, tmp_path, monkeypatch):
@@ -64,9 +72,10 @@ def test_a_recent_checkpoint_is_not_a_gap_and_costs_no_extra_call(kinesis, dynam
     (shard,) = list_shards(kinesis, unique_name)
     fresh = Checkpoint(position=ExtendedSequenceNumber("0"), clear_until=datetime.now(timezone.utc) - timedelta(hours=1))
     store = commit_checkpoints(kinesis, dynamodb, unique_name, {shard.shard_id: fresh})
-    op = operator(unique_name, tmp_path)
-    monkeypatch.setattr(type(op.kinesis_hook), "describe_stream_summary", lambda *a: pytest.fail("not needed"))
-    assert op._plan(store, 2, {}).trim_gaps == {}
+    calls = []
+    kinesis.meta.events.register("before-call.kinesis.DescribeStreamSummary", lambda **kw: calls.append(kw))
+    assert plan(kinesis, store, unique_name, tmp_path).trim_gaps == {}
+    assert calls == []  # no DescribeStreamSummary, no probe from TRIM_HORIZON
 
 
 def test_a_checkpointed_shard_that_vanished_unfinished_is_data_loss(kinesis, dynamodb, unique_name, tmp_path):
@@ -75,8 +84,8 @@ def test_a_checkpointed_shard_that_vanished_unfinished_is_data_loss(kinesis, dyn
     store = commit_checkpoints(kinesis, dynamodb, unique_name, {ghost: Checkpoint.at("5")})
     with pytest.raises(AirflowFailException, match=rf"shards {ghost} .* no longer listed.*allow_data_loss=True"):
         operator(unique_name, tmp_path).execute({})
-    plan = operator(unique_name, tmp_path, allow_data_loss=True)._plan(store, 2, {})
-    assert plan.lost_shards == (ghost,) and ghost not in plan.checkpoints  # counted as SHARD_END, then retired
+    planned = plan(kinesis, store, unique_name, tmp_path, allow_data_loss=True)
+    assert planned.lost_shards == (ghost,) and ghost not in planned.checkpoints  # counted as SHARD_END, then retired
 
 
 def test_with_allow_data_loss_a_gapped_shard_restarts_at_the_oldest_record_kept(kinesis, dynamodb, unique_name, tmp_path):
@@ -85,7 +94,7 @@ def test_with_allow_data_loss_a_gapped_shard_restarts_at_the_oldest_record_kept(
     (shard,) = list_shards(kinesis, unique_name)
     stale = Checkpoint(position=ExtendedSequenceNumber("0"), clear_until=datetime.now(timezone.utc) - timedelta(days=3))
     store = commit_checkpoints(kinesis, dynamodb, unique_name, {shard.shard_id: stale})
-    (rng,) = operator(unique_name, tmp_path, allow_data_loss=True)._plan(store, 2, {}).ranges
+    (rng,) = plan(kinesis, store, unique_name, tmp_path, allow_data_loss=True).ranges
     assert rng.start.iterator_type == "TRIM_HORIZON" and str(rng.start_checkpoint) == "TRIM_HORIZON"
 
 
