@@ -25,6 +25,7 @@ from pathlib import Path
 import boto3
 import pyarrow.parquet as pq
 
+from airflow_kinesis_spark.core.schema import OUTPUT_COLUMNS as SCHEMA_COLUMNS
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from demo.producer import Produced, committed_rows, put_aggregated, put_plain, put_raw, verify
 from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, airflow, airflow_env, moto_server
@@ -34,16 +35,7 @@ CONSUMER = "parquet-lake"
 TABLE = "kinesis_spark_checkpoints"
 DAG_ID = "kinesis_microbatch"
 ROW_COLUMNS = ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "explicit_hash_key", "data", "log_parsed")
-OUTPUT_COLUMNS = [
-    ("stream_name", "string"),
-    ("shard_id", "string"),
-    ("sequence_number", "string"),
-    ("sub_sequence_number", "int64"),
-    ("partition_key", "string"),
-    ("explicit_hash_key", "string"),
-    ("approximate_arrival_timestamp", "timestamp[us, tz=UTC]"),
-    ("data", "binary"),
-]
+OUTPUT_COLUMNS = [(name, arrow) for name, _, arrow in SCHEMA_COLUMNS]
 
 
 def say(message: str) -> None:

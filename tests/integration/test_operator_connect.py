@@ -65,7 +65,7 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
 
     from pyspark.sql import SparkSession
 
-    from airflow_kinesis_spark.operators.kinesis_to_spark import _CONNECT_SESSION_NAMESPACE, _with_session_id
+    from airflow_kinesis_spark.hooks.spark import CONNECT_SESSION_NAMESPACE as _CONNECT_SESSION_NAMESPACE, with_session_id as _with_session_id
 
     caplog.set_level(logging.INFO)
     create_stream(kinesis, unique_name, 1)
