@@ -12,11 +12,17 @@ key (``pk``, ``sk``)                  item
 ``..., BATCH#{id}#PLAN#{owner}#n``    chunk ``n`` of a batch's plan (JSON, at most 350 KB a chunk)
 ``..., BATCH#{id}#REPORT#{owner}#n``  chunk ``n`` of the job's per-shard report
 ``..., BATCH#{id}#CKPT#{owner}#n``    chunk ``n`` of every checkpoint after the batch
+                                      (``{id}``: the batch id, 20 digits, zero-padded). Every
+                                      chunk item of a batch that fell out of the retention
+                                      (``id <= committed id - keep_batches``) gets
+                                      ``expires_at`` (a number: epoch seconds), the table's
+                                      TTL attribute: DynamoDB deletes it afterwards
 ``..., LEASE#{shard id}``             per-shard mirror in the KCL's attribute names (``leaseKey``,
                                       ``leaseOwner`` = consumer, ``checkpoint``,
                                       ``checkpointSubSequenceNumber``) plus ``batchId`` and, for
                                       ``AT_TIMESTAMP``, ``checkpointTimestamp``: for people and
-                                      tools; not authoritative, written after the commit
+                                      tools; not authoritative, written after the commit; never
+                                      expires
 ====================================  =========================================================
 
 Chunks are keyed by the writer (``owner``), so two writers never overwrite each other's items;
@@ -26,6 +32,13 @@ batch, recording a report, and committing (committed id as planned, this batch p
 this writer). A commit is therefore atomic for any number of shards (DynamoDB items are at most
 400 KB, DynamoDB developer guide; chunking removes the limit on shard count).
 
+Retention: the head and the ``LEASE#`` items live as long as the consumer; the batch log keeps
+the last ``keep_batches`` batches (counted in batches, up to the committed one) and the pending
+one. Older chunk items are marked with ``expires_at`` after each commit and DynamoDB's TTL deletes
+them, typically within a few days of that time (DynamoDB developer guide, "Using time to live");
+until then they stay readable. No state the protocol reads (the committed batch's plan and
+checkpoints, the pending batch's plan and report) is ever marked.
+
 No Airflow import.
 """
 
@@ -33,9 +46,10 @@ from __future__ import annotations
 
 import json
 import logging
-import random
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -51,10 +65,13 @@ from airflow_kinesis_spark.exceptions import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Head", "DynamoDBCheckpointStore", "CHUNK_CHARS"]
+__all__ = ["Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "TTL_ATTRIBUTE", "join_chunks"]
 
 #: Characters of JSON per chunk item; a DynamoDB item holds at most 400 KB.
 CHUNK_CHARS = 350_000
+
+#: The batch log's TTL attribute (a number, epoch seconds; DynamoDB developer guide, "Using time to live").
+TTL_ATTRIBUTE = "expires_at"
 
 
 @dataclass(frozen=True)
@@ -117,54 +134,38 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-#: Transient DynamoDB errors the SDK does not retry by itself (DynamoDB developer guide, error handling).
-TRANSIENT_ERRORS = frozenset({"TransactionConflictException"})
-
-
-class _RetryingClient:
-    """The DynamoDB client, retrying :data:`TRANSIENT_ERRORS` with exponential backoff and full jitter.
-
-    Every other error (a failed condition above all) passes through at once.
-    """
-
-    def __init__(self, client: Any, attempts: int = 10, base: float = 0.05, cap: float = 2.0) -> None:
-        self._client, self._attempts, self._base, self._cap = client, attempts, base, cap
-        self.exceptions = client.exceptions
-        self.meta = client.meta
-
-    def get_paginator(self, name: str) -> Any:
-        return self._client.get_paginator(name)
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._client, name)
-
-        def call(**kwargs: Any) -> Any:
-            for attempt in range(self._attempts):
-                try:
-                    return method(**kwargs)
-                except self._client.exceptions.ClientError as err:
-                    code = err.response.get("Error", {}).get("Code")
-                    if code not in TRANSIENT_ERRORS or attempt == self._attempts - 1:
-                        raise
-                    delay = random.uniform(0, min(self._cap, self._base * 2**attempt))
-                    log.info("DynamoDB %s: %s, retry %d in %.2fs", name, code, attempt + 1, delay)
-                    time.sleep(delay)
-            raise AssertionError("unreachable")
-
-        return call
-
-
 class DynamoDBCheckpointStore:
     """Checkpoints and the batch log of one (stream, consumer) in a DynamoDB table.
 
-    :param client: a boto3 DynamoDB client.
+    Calls go to the boto3 client as given: botocore retries throttling, 5xx errors and lost
+    connections per the client's ``retries`` config; the store retries nothing itself. A retried
+    update that already applied is recognised (see :meth:`_update_head`).
+
+    The batch log keeps the last ``keep_batches`` batches: after the commit of batch ``N``, the
+    chunk items (plan, report, checkpoints) of every batch ``<= N - keep_batches`` are marked with
+    ``expires_at`` and DynamoDB's TTL deletes them, typically within a few days (DynamoDB developer
+    guide, "Using time to live"). The committed and the pending batch are always kept; the head and
+    the ``LEASE#`` items never expire.
+
+    :param client: a boto3 DynamoDB client (``None``: only to build requests, e.g. for an async client).
     :param table_name: the table; created on first use (:meth:`ensure_table`).
     :param stream_name: the stream.
     :param consumer_name: the consumer (application) name.
+    :param keep_batches: batches of the batch log to keep, counted back from the committed one
+        (itself included); at least 1. Default 100.
+    :raises ValueError: an invalid table name, or ``keep_batches`` below 1.
+    :raises TypeError: ``keep_batches`` is not an ``int``.
     """
 
-    def __init__(self, client: Any, table_name: str, stream_name: str, consumer_name: str) -> None:
-        self.client = _RetryingClient(client) if client is not None else None
+    def __init__(
+        self, client: Any, table_name: str, stream_name: str, consumer_name: str, *, keep_batches: int = 100
+    ) -> None:
+        if isinstance(keep_batches, bool) or not isinstance(keep_batches, int):
+            raise TypeError(f"keep_batches must be an int (a number of batches); got {keep_batches!r}")
+        if keep_batches < 1:
+            raise ValueError(f"keep_batches must be >= 1 (the committed batch is always kept); got {keep_batches}")
+        self.client = client
+        self.keep_batches = keep_batches
         self.table_name = validate_table_name(table_name)
         self.stream_name = stream_name
         self.consumer_name = consumer_name
@@ -173,8 +174,10 @@ class DynamoDBCheckpointStore:
     # -- table ---------------------------------------------------------------------------------
 
     def ensure_table(self, wait_seconds: float = 120.0) -> None:
-        """Create the table (on-demand billing) if it does not exist, then the head item.
+        """Create the table (on-demand billing) if it does not exist, enable its TTL on
+        ``expires_at`` (the batch log's retention, see :meth:`_ensure_ttl`), then the head item.
 
+        :param wait_seconds: how long to wait for the table to become ``ACTIVE``.
         :raises TimeoutError: if the table is not ``ACTIVE`` within ``wait_seconds``.
         """
         try:
@@ -200,6 +203,7 @@ class DynamoDBCheckpointStore:
                 raise TimeoutError(f"checkpoint table {self.table_name} not ACTIVE after {wait_seconds}s")
             time.sleep(0.5)
             status = self.client.describe_table(TableName=self.table_name)["Table"]["TableStatus"]
+        self._ensure_ttl()
         try:
             self.client.put_item(
                 TableName=self.table_name,
@@ -216,6 +220,43 @@ class DynamoDBCheckpointStore:
         except self.client.exceptions.ConditionalCheckFailedException:
             pass
 
+    def _ensure_ttl(self) -> None:
+        """Enable the table's TTL on :data:`TTL_ATTRIBUTE` unless it is on already.
+
+        ``DescribeTimeToLive`` first; ``UpdateTimeToLive`` only when TTL is ``DISABLED`` (a new
+        table, or one created before the retention existed). "Already enabled" (a concurrent
+        enabler) is success. Best effort otherwise: the retention only saves storage, so an error
+        (e.g. a role without ``dynamodb:DescribeTimeToLive`` / ``dynamodb:UpdateTimeToLive``, or
+        TTL on another attribute) is logged as a warning and the old batches are simply kept.
+        """
+        try:
+            ttl = self.client.describe_time_to_live(TableName=self.table_name).get("TimeToLiveDescription", {})
+            status, attribute = ttl.get("TimeToLiveStatus", "DISABLED"), ttl.get("AttributeName")
+            if status in ("ENABLED", "ENABLING"):
+                if attribute != TTL_ATTRIBUTE:
+                    log.warning(
+                        "checkpoint table %s has TTL on attribute %s, not %s: old batches of the batch log "
+                        "will not be deleted", self.table_name, attribute, TTL_ATTRIBUTE,
+                    )  # fmt: skip
+                return
+            if status == "DISABLING":
+                log.warning("checkpoint table %s: TTL is being disabled; not re-enabling it now", self.table_name)
+                return
+            log.info("enabling TTL on attribute %s of checkpoint table %s", TTL_ATTRIBUTE, self.table_name)
+            self.client.update_time_to_live(
+                TableName=self.table_name,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+            )
+        except self.client.exceptions.ClientError as err:
+            message = str(err.response.get("Error", {}).get("Message", ""))
+            if "already enabled" in message.lower():
+                log.info("TTL of checkpoint table %s is already enabled", self.table_name)
+                return
+            log.warning(
+                "could not enable TTL on attribute %s of checkpoint table %s (old batches of the batch log "
+                "will be kept): %s", TTL_ATTRIBUTE, self.table_name, err,
+            )  # fmt: skip
+
     # -- reading -------------------------------------------------------------------------------
 
     def head_request(self) -> dict[str, Any]:
@@ -223,7 +264,13 @@ class DynamoDBCheckpointStore:
         return {"TableName": self.table_name, "Key": self._key("HEAD"), "ConsistentRead": True}
 
     def chunks_request(self, batch_id: int, kind: str, owner: str) -> dict[str, Any]:
-        """``Query`` arguments for the chunks of one payload (strongly consistent)."""
+        """``Query`` arguments for the chunks of one payload (strongly consistent).
+
+        The one definition of where a payload's chunks are: :meth:`_read_chunks` (and the async
+        reader in ``core.aio``) page through it and hand the items to :func:`join_chunks`.
+
+        :param kind: ``PLAN``, ``REPORT`` or ``CKPT``.
+        """
         return {
             "TableName": self.table_name,
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
@@ -367,6 +414,83 @@ class DynamoDBCheckpointStore:
             owner=owner,
         )
 
+    @contextmanager
+    def hold_lease(
+        self,
+        batch_id: int,
+        owner: str,
+        lease_seconds: float,
+        on_lost: Callable[[CheckpointConflictError], None] | None = None,
+    ) -> Iterator[None]:
+        """Hold the lease on pending batch ``batch_id`` while the body runs (e.g. the Spark job).
+
+        A daemon thread renews the lease (:meth:`heartbeat`) every ``lease_seconds / 3``. If a
+        renewal finds that another writer took the batch over (this run stalled past its lease),
+        the lease is lost: the error is logged, ``on_lost(err)`` is called from the thread (the
+        caller kills its job there: its output must not race the other writer's) and renewing
+        stops. Any other renewal error is logged as a warning and retried at the next renewal.
+
+        On exit the thread is stopped and joined (at most 10 s), and:
+
+        - the body raised and the lease was lost: the :class:`CheckpointConflictError` is raised
+          (``from None``: the body's failure is a consequence of the take-over);
+        - the body raised otherwise: the lease is released (:meth:`release`, best effort), so a
+          retry need not wait for it to expire, and the body's exception is re-raised;
+        - the body returned but the lease was lost: the :class:`CheckpointConflictError` is raised.
+
+        :param batch_id: the pending batch this writer holds (after :meth:`begin` or :meth:`take_over`).
+        :param owner: this writer.
+        :param lease_seconds: the lease, seconds (as given to :meth:`take_over`); renewed every
+            third of it. Must be > 0.
+        :param on_lost: called once, from the renewal thread, when the lease is lost; an error it
+            raises is logged.
+        :raises ValueError: ``lease_seconds`` is not > 0 (before anything starts).
+        :raises CheckpointConflictError: the lease was lost while the body ran.
+        """
+        if not lease_seconds or lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0 seconds; got {lease_seconds!r}")
+        done = threading.Event()
+        lost: list[CheckpointConflictError] = []
+
+        def renew() -> None:
+            while not done.wait(lease_seconds / 3):
+                try:
+                    self.heartbeat(batch_id, owner)
+                except CheckpointConflictError as err:
+                    lost.append(err)
+                    log.error("lost the lease on batch %d (writer %s): %s", batch_id, owner, err)
+                    if on_lost is not None:
+                        try:
+                            on_lost(err)
+                        except Exception:  # noqa: BLE001 - the loss itself is raised on exit
+                            log.exception("on_lost callback for batch %d failed", batch_id)
+                    return
+                except Exception as err:  # noqa: BLE001 - a missed heartbeat is retried next time
+                    log.warning("could not renew the lease on batch %d (writer %s): %s", batch_id, owner, err)
+
+        thread = threading.Thread(target=renew, name=f"lease-batch-{batch_id}", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            done.set()
+            thread.join(timeout=10)
+
+        try:
+            yield
+        except Exception:
+            stop()
+            if lost:
+                raise lost[0] from None
+            try:
+                self.release(batch_id, owner)  # this run stops here: its retry need not wait for the lease
+            except Exception as err:  # noqa: BLE001 - the body's error is the one to report; the lease expires
+                log.warning("could not release the lease on batch %d (writer %s): %s", batch_id, owner, err)
+            raise
+        finally:
+            stop()
+        if lost:
+            raise lost[0]
+
     def record_report(self, batch_id: int, owner: str, reports: Iterable[ShardReport]) -> None:
         """Record that batch ``batch_id``'s output is written, with the job's report.
 
@@ -388,6 +512,9 @@ class DynamoDBCheckpointStore:
         Idempotent: if an earlier attempt's commit of this batch by this owner applied (an
         ambiguous outcome), this returns quietly.
 
+        Afterwards (both ways, best effort) the KCL-style ``LEASE#`` mirror is written and the
+        batches that fell out of the retention are marked to expire (:meth:`_expire_old_batches`).
+
         :raises CheckpointConflictError: the head moved (another writer committed, or took the
             batch over); the message names the other writer and batch.
         """
@@ -395,6 +522,7 @@ class DynamoDBCheckpointStore:
         if head.committed_batch_id == plan.batch_id and head.committed_owner == owner:
             log.info("batch %d was already committed by this writer (earlier attempt)", plan.batch_id)
             self._mirror_leases(plan, self.committed_checkpoints(head))
+            self._expire_old_batches(plan.batch_id)
             return
         if head.pending_batch_id != plan.batch_id or head.pending_owner != owner:
             raise self._conflict(f"commit batch {plan.batch_id}", owner, head)
@@ -413,6 +541,7 @@ class DynamoDBCheckpointStore:
         )  # fmt: skip
         log.info("batch %d committed: %d shard checkpoints", plan.batch_id, len(checkpoints))
         self._mirror_leases(plan, checkpoints)
+        self._expire_old_batches(plan.batch_id)
 
     def discard_pending(self, batch_id: int, owner: str) -> None:
         """Drop pending batch ``batch_id`` (its plan is kept in the log, but never re-used).
@@ -499,8 +628,13 @@ class DynamoDBCheckpointStore:
             other_owner=head.pending_owner or head.committed_owner,
         )
 
+    @staticmethod
+    def _batch_prefix(batch_id: int) -> str:
+        """The start of every batch-log key of ``batch_id`` (zero-padded: keys sort by batch id)."""
+        return f"BATCH#{batch_id:020d}#"
+
     def _prefix(self, batch_id: int, kind: str, owner: str) -> str:
-        return f"BATCH#{batch_id:020d}#{kind}#{owner}#"
+        return f"{self._batch_prefix(batch_id)}{kind}#{owner}#"
 
     def _write_chunks(self, batch_id: int, kind: str, owner: str, payload: Any) -> None:
         text = json.dumps(payload, separators=(",", ":"), sort_keys=True)
@@ -518,10 +652,72 @@ class DynamoDBCheckpointStore:
             )
 
     def _read_chunks(self, batch_id: int, kind: str, owner: str) -> Any | None:
+        """The payload of one chunked item set (``None``: none written); see :meth:`chunks_request`.
+
+        :raises RuntimeError: when chunks are missing.
+        """
         items: list[dict[str, Any]] = []
         for page in self.client.get_paginator("query").paginate(**self.chunks_request(batch_id, kind, owner)):
             items.extend(page.get("Items", []))
         return join_chunks(items, f"{kind} of batch {batch_id}")
+
+    def _expire_old_batches(self, committed_batch_id: int) -> int:
+        """Mark the chunk items of every batch ``<= committed_batch_id - keep_batches`` to expire.
+
+        One ``Query`` (boto3 paginator) over this (stream, consumer)'s batch-log keys up to that
+        batch, of the items without ``expires_at`` (keys only), then one ``UpdateItem`` each
+        setting ``expires_at`` to now (epoch seconds). An item deleted meanwhile is not recreated.
+        The committed batch and the pending one (``committed_batch_id + 1``) are above the bound
+        since ``keep_batches >= 1``; ``HEAD`` and ``LEASE#`` keys are outside the key range.
+
+        Note: a filter does not reduce what the ``Query`` reads (DynamoDB developer guide, "Filter
+        expressions for Query"): marked items are read again until TTL deleted them.
+
+        Best effort: never raises; an error is logged as a warning and the next commit retries.
+
+        :returns: the number of items marked.
+        """
+        last = committed_batch_id - self.keep_batches
+        if last < 1:
+            return 0
+        # Keys of batch ``last`` are ``BATCH#{last:020d}#{kind}#...``: the kind (ASCII) sorts below
+        # U+FFFF, and every key of batch last + 1 sorts above the bound (20 digits, zero-padded).
+        low, high = self._batch_prefix(0), self._batch_prefix(last) + "\uffff"
+        marked = 0
+        try:
+            now = int(time.time())
+            pages = self.client.get_paginator("query").paginate(
+                TableName=self.table_name,
+                KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+                FilterExpression="attribute_not_exists(#expires)",
+                ProjectionExpression="pk, sk",
+                ExpressionAttributeNames={"#expires": TTL_ATTRIBUTE},
+                ExpressionAttributeValues={":pk": {"S": self.pk}, ":low": {"S": low}, ":high": {"S": high}},
+            )
+            for page in pages:
+                for item in page.get("Items", []):
+                    try:
+                        self.client.update_item(
+                            TableName=self.table_name,
+                            Key={"pk": item["pk"], "sk": item["sk"]},
+                            UpdateExpression="SET #expires = :now",
+                            ConditionExpression="attribute_exists(sk) AND attribute_not_exists(#expires)",
+                            ExpressionAttributeNames={"#expires": TTL_ATTRIBUTE},
+                            ExpressionAttributeValues={":now": {"N": str(now)}},
+                        )
+                        marked += 1
+                    except self.client.exceptions.ConditionalCheckFailedException:
+                        pass  # deleted or marked meanwhile
+        except Exception as err:  # noqa: BLE001 - retention is housekeeping; it never fails a commit
+            log.warning(
+                "could not mark the batch log of batches <= %d to expire (marked %d items; the next commit "
+                "retries): %s", last, marked, err,
+            )  # fmt: skip
+            return marked
+        if marked:
+            log.info("batch log: %d chunk items of batches <= %d marked to expire (keep_batches %d)",
+                     marked, last, self.keep_batches)  # fmt: skip
+        return marked
 
     def _mirror_leases(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]) -> None:
         """Write the per-shard KCL-style items of the planned shards. Best effort: never raises."""

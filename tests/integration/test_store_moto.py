@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
-
-from typing import Any
-
 import uuid
+from typing import Any
 
 import pytest
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
@@ -17,7 +16,7 @@ from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel
 from airflow_kinesis_spark.core.names import validate_table_name
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head
-from airflow_kinesis_spark.exceptions import CheckpointConflictError
+from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError
 
 pytestmark = pytest.mark.integration
 
@@ -537,3 +536,162 @@ def test_a_live_lease_blocks_take_over_and_an_expired_one_does_not(dynamodb, uni
     with pytest.raises(CheckpointConflictError, match="renew the lease on batch 1"):
         store.heartbeat(1, "run-a")  # fenced
     store.heartbeat(1, "run-b")
+
+
+def test_the_store_calls_the_boto3_client_it_was_given(dynamodb, unique_name):
+    # No retry wrapper of its own: botocore retries per the client's config, the store none.
+    store = DynamoDBCheckpointStore(dynamodb, unique_name, "orders", "lake")
+    assert store.client is dynamodb
+    assert not hasattr(store_module, "_RetryingClient")
+    assert DynamoDBCheckpointStore(None, unique_name, "orders", "lake").client is None  # request building only
+
+
+# -- hold_lease (the heartbeat loop) ---------------------------------------------------------------------
+
+
+def lease_threads(batch_id: int) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"lease-batch-{batch_id}" and t.is_alive()]
+
+
+def seize(store: DynamoDBCheckpointStore, batch_id: int, owner: str) -> None:
+    """Another run takes the batch over as if the holder's lease had expired (``lease_seconds=0``).
+
+    Retried: a renewal landing in the same millisecond makes the heartbeat not yet "stale".
+    """
+    for _ in range(5):
+        try:
+            other(store).take_over(batch_id, owner, lease_seconds=0)
+            return
+        except CheckpointConflictError:
+            time.sleep(0.01)
+    raise AssertionError(f"{owner} could not take batch {batch_id} over")
+
+
+@pytest.fixture
+def lease_store(dynamodb, unique_name) -> DynamoDBCheckpointStore:
+    """A store on a table of its own (lease threads of different tests never share a batch id's head)."""
+    s = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_lease", unique_name, "lake")
+    s.ensure_table()
+    return s
+
+
+def test_hold_lease_keeps_the_heartbeat_fresh(lease_store):
+    store = lease_store
+    store.begin(plan_for(store, 1, open_shards(2)), "run-a")
+    began = store.head().pending_heartbeat
+    lost: list[CheckpointConflictError] = []
+    with store.hold_lease(1, "run-a", lease_seconds=0.6, on_lost=lost.append):
+        assert len(lease_threads(1)) == 1
+        time.sleep(1.5)  # well past the lease: only the renewals keep it
+        with pytest.raises(BatchLeaseHeldError, match="being run by run-a"):
+            other(store).take_over(1, "run-b", lease_seconds=0.6)
+        assert store.head().pending_heartbeat > began
+    assert lost == []
+    assert lease_threads(1) == []  # stopped and joined
+    head = store.head()
+    assert (head.pending_batch_id, head.pending_owner) == (1, "run-a")
+    assert head.pending_heartbeat > 0  # a normal exit keeps the lease (the commit follows)
+
+
+def test_hold_lease_taken_over_calls_on_lost_and_raises_on_exit(lease_store):
+    store = lease_store
+    store.begin(plan_for(store, 1, open_shards(2)), "run-a")
+    lost: list[CheckpointConflictError] = []
+    called = threading.Event()
+
+    def on_lost(err: CheckpointConflictError) -> None:  # where the caller kills its Spark job
+        lost.append(err)
+        called.set()
+
+    with pytest.raises(CheckpointConflictError) as info:
+        with store.hold_lease(1, "run-a", lease_seconds=0.6, on_lost=on_lost):
+            seize(store, 1, "run-b")
+            assert called.wait(timeout=5), "on_lost was not called after the take-over"
+            heartbeat = store.head().pending_heartbeat
+            time.sleep(0.5)  # renewing stopped: nothing touches run-b's lease any more
+            assert store.head().pending_heartbeat == heartbeat
+    assert len(lost) == 1 and info.value is lost[0]
+    assert info.value.other_owner == "run-b"
+    assert "renew the lease on batch 1" in str(info.value)
+    assert lease_threads(1) == []
+    assert store.head().pending_owner == "run-b"
+
+
+def test_hold_lease_lost_and_body_failed_raises_the_conflict_and_releases_nothing(lease_store):
+    store = lease_store
+    store.begin(plan_for(store, 1, open_shards(1)), "run-a")
+    called = threading.Event()
+    with pytest.raises(CheckpointConflictError) as info:
+        with store.hold_lease(1, "run-a", lease_seconds=0.3, on_lost=lambda err: called.set()):
+            seize(store, 1, "run-b")
+            assert called.wait(timeout=5)
+            raise RuntimeError("spark-submit exited with 137")  # killed by on_lost
+    assert info.value.__suppress_context__  # raised "from None": the job's failure is a consequence
+    head = store.head()
+    assert head.pending_owner == "run-b"
+    assert head.pending_heartbeat > 0  # run-b's lease was not released by run-a
+    with pytest.raises(BatchLeaseHeldError):
+        other(store).take_over(1, "run-c", lease_seconds=60)
+
+
+def test_hold_lease_body_failure_releases_the_lease(lease_store):
+    store = lease_store
+    store.begin(plan_for(store, 1, open_shards(2)), "run-a")
+    lost: list[CheckpointConflictError] = []
+    with pytest.raises(RuntimeError, match="job failed"):
+        with store.hold_lease(1, "run-a", lease_seconds=60, on_lost=lost.append):
+            raise RuntimeError("job failed")
+    assert lost == []
+    assert lease_threads(1) == []
+    assert store.head().pending_heartbeat == 0
+    # the retry takes over at once, although the lease (60 s) would not have expired yet
+    head = other(store).take_over(1, "run-b", lease_seconds=60)
+    assert head.pending_owner == "run-b"
+
+
+def test_hold_lease_retries_a_failed_heartbeat(lease_store, caplog):
+    class FlakyClient:
+        """Fails the first heartbeat update on the way there (nothing applied)."""
+
+        def __init__(self, client: Any) -> None:
+            self._client = client
+            self.failed = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._client, name)
+
+        def update_item(self, **kwargs: Any) -> Any:
+            if kwargs["UpdateExpression"] == "SET pending_heartbeat = :hb" and not self.failed:
+                self.failed += 1
+                raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+            return self._client.update_item(**kwargs)
+
+    client = FlakyClient(lease_store.client)
+    store = other(lease_store, client=client)
+    store.begin(plan_for(store, 1, open_shards(1)), "run-a")
+    lost: list[CheckpointConflictError] = []
+    with caplog.at_level("WARNING", logger=store_module.__name__):
+        with store.hold_lease(1, "run-a", lease_seconds=0.6, on_lost=lost.append):
+            time.sleep(1.5)
+            with pytest.raises(BatchLeaseHeldError):  # the later renewals kept it
+                other(lease_store).take_over(1, "run-b", lease_seconds=0.6)
+    assert client.failed == 1
+    assert lost == []
+    assert any("could not renew the lease on batch 1" in r.getMessage() for r in caplog.records)
+
+
+def test_hold_lease_without_on_lost_still_raises(lease_store):
+    store = lease_store
+    store.begin(plan_for(store, 1, open_shards(1)), "run-a")
+    with pytest.raises(CheckpointConflictError):
+        with store.hold_lease(1, "run-a", lease_seconds=0.3):
+            seize(store, 1, "run-b")
+            time.sleep(0.6)  # at least one renewal after the take-over
+
+
+@pytest.mark.parametrize("lease_seconds", [0, -1.0])
+def test_hold_lease_rejects_a_lease_that_is_not_positive(lease_store, lease_seconds):
+    with pytest.raises(ValueError, match="lease_seconds must be > 0"):
+        with lease_store.hold_lease(1, "run-a", lease_seconds=lease_seconds):
+            pass
+    assert lease_threads(1) == []
