@@ -273,6 +273,7 @@ def _pending_plan_gaps(kinesis: Any, store: Any, plan: BatchPlan, settings: Incr
         "Pending batch %d starts behind the trim horizon (%s); discarding it and planning anew (allow_data_loss=True)",
         plan.batch_id, detail,
     )  # fmt: skip
+    store.take_over(plan.batch_id, owner, settings.lease_seconds)  # never discard a batch a live run holds
     store.discard_pending(plan.batch_id, owner)
     return True
 

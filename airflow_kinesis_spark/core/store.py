@@ -65,7 +65,10 @@ from airflow_kinesis_spark.exceptions import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "TTL_ATTRIBUTE", "join_chunks"]
+__all__ = ["Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "TTL_ATTRIBUTE", "DEFAULT_KEEP_BATCHES", "join_chunks"]
+
+#: Batches of the batch log kept by default (see ``DynamoDBCheckpointStore(keep_batches=...)``).
+DEFAULT_KEEP_BATCHES = 100
 
 #: Characters of JSON per chunk item; a DynamoDB item holds at most 400 KB.
 CHUNK_CHARS = 350_000
@@ -158,7 +161,7 @@ class DynamoDBCheckpointStore:
     """
 
     def __init__(
-        self, client: Any, table_name: str, stream_name: str, consumer_name: str, *, keep_batches: int = 100
+        self, client: Any, table_name: str, stream_name: str, consumer_name: str, *, keep_batches: int = DEFAULT_KEEP_BATCHES
     ) -> None:
         if isinstance(keep_batches, bool) or not isinstance(keep_batches, int):
             raise TypeError(f"keep_batches must be an int (a number of batches); got {keep_batches!r}")

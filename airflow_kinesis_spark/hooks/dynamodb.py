@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.core.store import DEFAULT_KEEP_BATCHES, DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.kinesis import FailFastAwsHook
 
 __all__ = ["DynamoDBCheckpointHook"]
@@ -26,9 +26,12 @@ class DynamoDBCheckpointHook(FailFastAwsHook):
         kwargs["client_type"] = "dynamodb"
         super().__init__(*args, **kwargs)
 
-    def get_store(self, table_name: str, stream_name: str, consumer_name: str) -> DynamoDBCheckpointStore:
+    def get_store(
+        self, table_name: str, stream_name: str, consumer_name: str, *, keep_batches: int = DEFAULT_KEEP_BATCHES
+    ) -> DynamoDBCheckpointStore:
         """The checkpoint store of one (stream, consumer) in ``table_name``.
 
-        :raises ValueError: when ``table_name`` breaks DynamoDB's naming rules.
+        :param keep_batches: batches of the batch log kept; older ones expire (DynamoDB TTL).
+        :raises ValueError: when ``table_name`` breaks DynamoDB's naming rules, or ``keep_batches`` < 1.
         """
-        return DynamoDBCheckpointStore(self.conn, table_name, stream_name, consumer_name)
+        return DynamoDBCheckpointStore(self.conn, table_name, stream_name, consumer_name, keep_batches=keep_batches)

@@ -26,6 +26,7 @@ from airflow_kinesis_spark.core.protocol import (
     run_window,
 )
 from airflow_kinesis_spark.core.reader import READ_BYTES_PER_SECOND, ReadOptions
+from airflow_kinesis_spark.core.store import DEFAULT_KEEP_BATCHES
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
@@ -115,6 +116,9 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     :param lease_seconds: a run holding a pending batch renews its lease every third of this
         (seconds); another run may take the batch over (re-using its plan) only after the lease
         expired. Keep it below the task's ``retry_delay``.
+    :param keep_batches: batches of the checkpoint table's batch log to keep (plans, reports and
+        checkpoints of older batches get a DynamoDB TTL and are deleted by DynamoDB, typically
+        within a few days); the committed and the pending batch never expire.
     :param allow_data_loss: go on when records may be lost: a checkpointed shard vanished before
         ``SHARD_END``, or a checkpoint fell behind the trim horizon (records after it may have
         aged out). The gap is logged and reported in the summary; without this flag the run fails
@@ -190,9 +194,11 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         allow_data_loss: bool = False,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         output_asset: bool = True,
+        keep_batches: int = DEFAULT_KEEP_BATCHES,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.keep_batches = keep_batches
         self.lease_seconds = lease_seconds
         self.output_asset = output_asset
         if output_asset and (uri := output_uri(output_path)) and not any(getattr(o, "uri", None) == uri for o in self.outlets):
@@ -299,7 +305,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         return operator_lineage(stream_name=self.stream_name, region=region, output_path=self.output_path, summary=self._outcome)
 
     def _run_batch(self, context: Context) -> dict[str, Any]:
-        store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
+        store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name,
+                                               keep_batches=self.keep_batches)  # fmt: skip
         store.ensure_table()
         settings = IncrementalSettings(
             stream_name=self.stream_name,

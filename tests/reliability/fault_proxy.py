@@ -6,8 +6,9 @@ answers as the service does when it is overloaded or failing instead:
 * Kinesis: ``ProvisionedThroughputExceededException`` or ``KMSThrottlingException`` (HTTP 400),
   ``InternalFailure`` (500), ``ServiceUnavailable`` (503), or a dropped connection (the client's
   socket error) -- all before forwarding, as a throttled or failed read.
-* DynamoDB: ``ThrottlingException``, ``ProvisionedThroughputExceededException`` or
-  ``TransactionConflictException`` (400) before forwarding; and for writes, an ``InternalServerError``
+* DynamoDB: ``ThrottlingException`` or ``ProvisionedThroughputExceededException`` (400) before
+  forwarding (``TransactionConflictException`` is not injected: only transactional calls raise it,
+  and the store makes none); and for writes, an ``InternalServerError``
   (500) *after* forwarding: the write applied but the client cannot know (an ambiguous outcome).
 
 Counts of what it injected are kept per fault kind. Traffic stays on 127.0.0.1.
@@ -32,7 +33,6 @@ KINESIS_FAULTS = (
 DYNAMODB_FAULTS = (
     (400, "ThrottlingException", "injected throttling"),
     (400, "ProvisionedThroughputExceededException", "injected throughput exceeded"),
-    (400, "TransactionConflictException", "injected transaction conflict"),
 )
 DYNAMODB_WRITES = ("PutItem", "UpdateItem", "DeleteItem")
 
