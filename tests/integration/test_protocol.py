@@ -268,3 +268,27 @@ def test_a_window_reads_what_arrived_in_it_once_per_slice(kinesis, unique_name):
     assert {s["slices"] for s in summary["shards"].values()} == {3}
     (rows,) = job.output.values()
     assert row_keys(rows) == produced_keys(produced)
+
+
+def test_window_arguments_are_checked_before_any_call(kinesis, unique_name):
+    job = ReaderJob(kinesis)
+    now = datetime.now(timezone.utc)
+    backwards = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=now - timedelta(minutes=1),
+                               end=now - timedelta(minutes=2))  # fmt: skip
+    with pytest.raises(ValueError, match="is not before its end"):
+        run_window(kinesis, job, backwards)  # the stream does not even exist: no call was made
+    future = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=now, end=now + timedelta(hours=1))
+    with pytest.raises(ValueError, match="is in the future"):
+        run_window(kinesis, job, future)
+
+
+def test_a_window_before_the_trim_horizon_is_loud(kinesis, unique_name):
+    create_stream(kinesis, unique_name, 1)  # retention 24 hours
+    end = datetime.now(timezone.utc) - timedelta(hours=23)
+    job = ReaderJob(kinesis)
+    window = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=end - timedelta(hours=2),
+                            end=end, time_slices=1, min_call_interval=0.0)  # fmt: skip
+    with pytest.raises(DataLossError, match="before the trim horizon.*allow_data_loss=True"):
+        run_window(kinesis, job, window)
+    allowed = run_window(kinesis, job, WindowSettings(**{**window.__dict__, "allow_data_loss": True}))
+    assert allowed["status"] == "no_records" and "trim horizon" in allowed["trim_gap"] and not job.runs
