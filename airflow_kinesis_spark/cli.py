@@ -18,21 +18,22 @@ import json
 import logging
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.admin import rewind as do_rewind
+from airflow_kinesis_spark.core.lag import measure_lag
+from airflow_kinesis_spark.core.planner import BatchPlan
+from airflow_kinesis_spark.core.positions import Checkpoint
+from airflow_kinesis_spark.core.shards import Shard
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-
-#: Threads probing shards in parallel (as ``core.lag.measure_lag``).
-PROBE_WORKERS = 16
 
 
 def _console() -> Console:
@@ -49,7 +50,7 @@ def _progress() -> Iterator[Progress]:
     """
     console = Console(stderr=True)
     progress = Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
         console=console, transient=True, disable=not console.is_interactive,
     )  # fmt: skip
     with progress:
@@ -106,34 +107,18 @@ def _add_columns(grid: Table, *headers: str, right: tuple[int, ...] = ()) -> Non
         )  # fmt: skip
 
 
-def _measure_lag(kinesis: Any, store: DynamoDBCheckpointStore, checkpoints: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """``core.lag.measure_lag``, with a progress bar over the shard probes.
-
-    The same building blocks in the same order (list the shards, plan from the committed
-    checkpoints, one ``probe_range`` per readable shard, ``lag_summary``); the probes are
-    collected as they finish so the bar can advance.
-    """
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-    from datetime import datetime, timezone
-
-    from airflow_kinesis_spark.core.lag import lag_plan, lag_summary, shard_lag
-    from airflow_kinesis_spark.core.reader import probe_range
-    from airflow_kinesis_spark.core.shards import list_shards
-
-    now = datetime.now(timezone.utc)
+def _measure_lag(
+    kinesis: Any, store: DynamoDBCheckpointStore, checkpoints: dict[str, Checkpoint], progress: Progress
+) -> dict[str, Any]:
+    """``core.lag.measure_lag`` from the checkpoints already read, showing what it is doing:
+    listing the shards, then probing the readable ones (a pulsing bar: the probes run in
+    parallel, at most as many as the Kinesis client pools connections)."""
     task = progress.add_task(f"Listing the shards of {store.stream_name}", total=None)
-    shards = list_shards(kinesis, store.stream_name)
-    plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now)
-    progress.update(task, description=f"Probing {len(plan.ranges)} of {len(shards)} shards", total=len(plan.ranges), completed=0)
-    lags = {}
-    if plan.ranges:
-        with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(plan.ranges))) as pool:
-            futures = {pool.submit(probe_range, kinesis, store.stream_name, r, min_call_interval=0): r for r in plan.ranges}
-            for future in as_completed(futures):
-                rng = futures[future]
-                lags[rng.shard_id] = shard_lag(rng, future.result(), now)
-                progress.advance(task)
-    return lag_summary([lags[r.shard_id] for r in plan.ranges], plan, now)
+
+    def probing(plan: BatchPlan, shards: Sequence[Shard]) -> None:
+        progress.update(task, description=f"Probing {len(plan.ranges)} of {len(shards)} shards")
+
+    return measure_lag(kinesis, store, checkpoints=checkpoints, on_plan=probing)
 
 
 class _Group(click.Group):

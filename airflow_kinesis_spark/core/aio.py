@@ -1,12 +1,14 @@
 """Async drivers for the triggers: the same decisions as the sync code, over aiobotocore clients.
 
 Only the calls differ; every rule comes from ``reader`` (stop rules, backoff), ``store`` (keys,
-head and chunk parsing), ``shards`` and ``lag``. No Airflow import.
+head and chunk parsing), ``shards`` (ListShards paging, a missing stream) and ``lag`` (plans and
+summaries). No Airflow import.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -14,20 +16,17 @@ from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.lag import (
     COUNT_MAX_GET_RECORDS_CALLS,
-    backlog_summary,
+    backlog_from_counts,
     count_reader,
+    lag_from_probes,
     lag_plan,
-    lag_summary,
-    shard_backlog,
-    shard_lag,
 )
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
 from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, ShardReader, probe_reader
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
-from airflow_kinesis_spark.core.shards import Shard
+from airflow_kinesis_spark.core.shards import ListShardsPager, Shard, raise_for_stream
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head, join_chunks
-from airflow_kinesis_spark.exceptions import StreamNotFoundError
 
 __all__ = [
     "list_shards",
@@ -56,28 +55,22 @@ async def _call(reader: ShardReader, method: Any, **kwargs: Any) -> dict[str, An
             attempt += 1
 
 
-async def list_shards(client: Any, stream_name: str) -> list[Shard]:
-    """Async ``shards.list_shards`` (same paging and moto workaround)."""
-    shards: list[Shard] = []
-    kwargs: dict[str, Any] = {"StreamName": stream_name}
-    resend_name = False
-    while True:
+async def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> list[Shard]:
+    """Async ``shards.list_shards``: the same requests (``shards.ListShardsPager``), awaited.
+
+    :param client: an aiobotocore Kinesis client.
+    :param shard_filter: ListShards' ``ShardFilter`` (the emulators ignore it).
+    :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
+    """
+    pager = ListShardsPager(stream_name, shard_filter)
+    while pager.request is not None:
         try:
-            page = await client.list_shards(**kwargs)
+            page = await client.list_shards(**pager.request)
         except ClientError as err:
-            code = err.response.get("Error", {}).get("Code")
-            if code == "ResourceNotFoundException":
-                raise StreamNotFoundError.for_client(stream_name, client) from err
-            if "NextToken" not in kwargs or resend_name:
-                raise
-            resend_name = True  # moto's server wants StreamName with NextToken (DESIGN.md)
-            kwargs["StreamName"] = stream_name
+            pager.refused(err, client)
             continue
-        shards.extend(Shard.from_api(s) for s in page.get("Shards", []))
-        token = page.get("NextToken")
-        if not token:
-            return shards
-        kwargs = {"NextToken": token, **({"StreamName": stream_name} if resend_name else {})}
+        pager.accept(page)
+    return pager.shards
 
 
 async def _step(reader: ShardReader, client: Any) -> None:
@@ -129,23 +122,23 @@ async def count_range(
     return reader.finish(), budget_spent
 
 
-async def _payload(client: Any, store: DynamoDBCheckpointStore, batch_id: int, kind: str, owner: str) -> Any:
-    items: list[dict[str, Any]] = []
-    request = store.chunks_request(batch_id, kind, owner)
-    while True:
-        page = await client.query(**request)
-        items.extend(page.get("Items", []))
-        if "LastEvaluatedKey" not in page:
-            return join_chunks(items, f"{kind} of batch {batch_id}")
-        request = {**request, "ExclusiveStartKey": page["LastEvaluatedKey"]}
+async def _payload(client: Any, store: DynamoDBCheckpointStore, batch_id: int, kind: str, owner: str) -> Any | None:
+    """Async ``DynamoDBCheckpointStore._read_chunks``: the store's ``chunks_request`` through
+    aiobotocore's ``Query`` paginator, joined by the store's ``join_chunks``."""
+    pages = client.get_paginator("query").paginate(**store.chunks_request(batch_id, kind, owner))
+    items = [item async for page in pages for item in page.get("Items", [])]
+    return join_chunks(items, f"{kind} of batch {batch_id}")
 
 
 async def committed_state(
     client: Any, store: DynamoDBCheckpointStore, *, with_plan: bool = True
 ) -> tuple[Head, dict[str, Checkpoint], BatchPlan | None]:
-    """The head, the committed checkpoints and the committed batch's plan.
+    """Async ``store.head()``, ``store.committed_checkpoints(head)`` and, with ``with_plan``,
+    ``store.committed_plan(head)``.
 
     A table that does not exist yet reads as a consumer with no committed batch.
+
+    :raises RuntimeError: the committed batch's checkpoints are missing (as the sync store).
     """
     try:
         head = Head.from_item((await client.get_item(**store.head_request())).get("Item"))
@@ -155,7 +148,12 @@ async def committed_state(
         return Head(), {}, None
     if head.committed_batch_id == 0 or head.committed_owner is None:
         return head, {}, None
-    data = await _payload(client, store, head.committed_batch_id, "CKPT", head.committed_owner) or {}
+    data = await _payload(client, store, head.committed_batch_id, "CKPT", head.committed_owner)
+    if data is None:  # as DynamoDBCheckpointStore.committed_checkpoints: never read as "no checkpoints" (LOUD)
+        raise RuntimeError(
+            f"checkpoint table {store.table_name}: the checkpoints of committed batch "
+            f"{head.committed_batch_id} are missing; the table was edited by hand"
+        )
     plan = None
     if with_plan and head.committed_plan_owner:
         plan_data = await _payload(client, store, head.committed_batch_id, "PLAN", head.committed_plan_owner)
@@ -164,40 +162,50 @@ async def committed_state(
 
 
 async def describe_stream_summary(client: Any, stream_name: str) -> dict[str, Any]:
+    """Async ``shards.describe_stream_summary``: status, retention period (hours), open shard count.
+
+    :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
+    """
     try:
         return (await client.describe_stream_summary(StreamName=stream_name))["StreamDescriptionSummary"]
     except ClientError as err:
-        if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-            raise StreamNotFoundError.for_client(stream_name, client) from err
-        raise
+        raise_for_stream(err, stream_name, client)
+
+
+async def _lag_plan(
+    kinesis: Any, dynamodb: Any, store: DynamoDBCheckpointStore, initial_position: str
+) -> tuple[Head, BatchPlan, datetime]:
+    """The head, the ``lag.lag_plan`` from its committed checkpoints, and the time it is made for."""
+    now = datetime.now(timezone.utc)
+    shards = await list_shards(kinesis, store.stream_name)
+    head, checkpoints, _ = await committed_state(dynamodb, store, with_plan=False)
+    return head, lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position), now
 
 
 async def measure_lag(
     kinesis: Any, dynamodb: Any, store: DynamoDBCheckpointStore, *, initial_position: str = "TRIM_HORIZON"
 ) -> dict[str, Any]:
-    """Async ``lag.measure_lag``: probes every readable shard concurrently."""
-    now = datetime.now(timezone.utc)
-    shards = await list_shards(kinesis, store.stream_name)
-    _, checkpoints, _ = await committed_state(dynamodb, store, with_plan=False)
-    plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position)
+    """Async ``lag.measure_lag``: probes every readable shard concurrently.
+
+    :returns: ``lag.lag_from_probes``' summary.
+    :raises StreamNotFoundError: the stream does not exist.
+    """
+    _, plan, now = await _lag_plan(kinesis, dynamodb, store, initial_position)
     probes = await asyncio.gather(*(probe_range(kinesis, store.stream_name, r) for r in plan.ranges))
-    return lag_summary([shard_lag(r, p, now) for r, p in zip(plan.ranges, probes, strict=True)], plan, now)
+    return lag_from_probes(plan, probes, now)
 
 
 async def measure_backlog(
     kinesis: Any, dynamodb: Any, store: DynamoDBCheckpointStore, *, bound: int, initial_position: str = "TRIM_HORIZON"
 ) -> dict[str, Any]:
-    """A consumer's backlog: ``lag.backlog_summary`` (ages and records waiting, counted up to
+    """A consumer's backlog: ``lag.backlog_from_counts`` (ages and records waiting, counted up to
     ``bound`` per shard) plus ``committed_batch_id``, the head the count was made from.
 
     Calls: one ``ListShards`` (paginated), the head (``GetItem``) and the committed checkpoints
     (``Query``), and per readable shard those of :func:`count_range`; at most
     ``BACKLOG_CONCURRENCY`` shards at once.
     """
-    now = datetime.now(timezone.utc)
-    shards = await list_shards(kinesis, store.stream_name)
-    head, checkpoints, _ = await committed_state(dynamodb, store, with_plan=False)
-    plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position)
+    head, plan, now = await _lag_plan(kinesis, dynamodb, store, initial_position)
     gate = asyncio.Semaphore(BACKLOG_CONCURRENCY)
 
     async def count(shard_range: ShardRange) -> tuple[ShardReport, bool]:
@@ -205,5 +213,4 @@ async def measure_backlog(
             return await count_range(kinesis, store.stream_name, shard_range, bound)
 
     counts = await asyncio.gather(*(count(r) for r in plan.ranges))
-    backlogs = [shard_backlog(r, report, now, budget_spent=spent) for r, (report, spent) in zip(plan.ranges, counts, strict=True)]
-    return {**backlog_summary(backlogs, plan, now, bound), "committed_batch_id": head.committed_batch_id}
+    return {**backlog_from_counts(plan, counts, now, bound), "committed_batch_id": head.committed_batch_id}

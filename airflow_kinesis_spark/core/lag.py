@@ -17,9 +17,9 @@ No Airflow import.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
@@ -30,14 +30,24 @@ from airflow_kinesis_spark.core.positions import (
     to_utc,
 )
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
-from airflow_kinesis_spark.core.reader import GET_RECORDS_MAX_LIMIT, MIN_CALL_INTERVAL_S, ShardReader
-from airflow_kinesis_spark.core.shards import Shard, ShardLineage
+from airflow_kinesis_spark.core.reader import (
+    GET_RECORDS_MAX_LIMIT,
+    MIN_CALL_INTERVAL_S,
+    ShardReader,
+    probe_range,
+    probe_ranges,
+)
+from airflow_kinesis_spark.core.shards import Shard, ShardLineage, describe_stream_summary, list_shards
 
 __all__ = [
     "ShardLag",
+    "LAG_INITIAL_POSITIONS",
+    "validate_lag_arguments",
     "lag_plan",
     "shard_lag",
     "lag_summary",
+    "lag_from_probes",
+    "measure_lag",
     "backlog_ready",
     "retention_risks",
     "trim_gap",
@@ -50,6 +60,7 @@ __all__ = [
     "count_reader",
     "shard_backlog",
     "backlog_summary",
+    "backlog_from_counts",
     "backlog_due",
 ]
 
@@ -87,6 +98,31 @@ class ShardLag:
             "age_ms": self.age_ms,
             "millis_behind_latest": self.millis_behind_latest,
         }
+
+
+#: Where a lag measurement starts on a shard without a checkpoint (``AT_TIMESTAMP`` needs a
+#: timestamp, which the sensors and triggers do not take).
+LAG_INITIAL_POSITIONS = ("TRIM_HORIZON", "LATEST")
+
+
+def validate_lag_arguments(
+    *, initial_position: str = "TRIM_HORIZON", min_age_seconds: float | None = None, min_records: int | None = None
+) -> None:
+    """Check the arguments of a lag measurement and its thresholds (sensors and triggers alike).
+
+    :param initial_position: one of :data:`LAG_INITIAL_POSITIONS`.
+    :param min_age_seconds: ``None`` or >= 0 (seconds).
+    :param min_records: ``None`` or an integer 1..10,000 (one ``GetRecords`` ``Limit``, Kinesis API reference).
+    :raises ValueError: the first argument out of range, named.
+    """
+    if initial_position not in LAG_INITIAL_POSITIONS:
+        raise ValueError(f"initial_position must be TRIM_HORIZON or LATEST; got {initial_position!r}")
+    if min_age_seconds is not None and (isinstance(min_age_seconds, bool) or not min_age_seconds >= 0):
+        raise ValueError(f"min_age_seconds must be >= 0 seconds or None; got {min_age_seconds!r}")
+    if min_records is not None and (
+        isinstance(min_records, bool) or not isinstance(min_records, int) or not 1 <= min_records <= GET_RECORDS_MAX_LIMIT
+    ):
+        raise ValueError(f"min_records must be an integer 1..{GET_RECORDS_MAX_LIMIT} or None; got {min_records!r}")
 
 
 def lag_plan(
@@ -129,6 +165,17 @@ def lag_summary(lags: Sequence[ShardLag], plan: BatchPlan, now: datetime) -> dic
         "max_age_ms": max(ages) if ages else 0,
         "waiting_shards": dict(plan.waiting),
     }
+
+
+def lag_from_probes(plan: BatchPlan, probes: Sequence[ShardReport], now: datetime) -> dict[str, Any]:
+    """:func:`lag_summary` of a :func:`lag_plan` from the probes of its ranges: what every lag
+    measurement (sync, async, the CLI) returns once its probes are back.
+
+    :param probes: one report per range of ``plan.ranges``, in that order (``reader.probe_range``).
+    :param now: the time the plan was made for (UTC): ages are measured to it.
+    :raises ValueError: not one probe per range.
+    """
+    return lag_summary([shard_lag(r, p, now) for r, p in zip(plan.ranges, probes, strict=True)], plan, now)
 
 
 def backlog_ready(summary: Mapping[str, Any], min_age_seconds: float | None) -> bool:
@@ -208,8 +255,6 @@ def find_trim_gaps(
     :returns: shard id -> what was found (checkpoint, oldest record kept, retention, trim horizon),
         for messages; empty when no records can have aged out unread.
     """
-    from airflow_kinesis_spark.core.reader import probe_range
-
     now = to_utc(now)
     doubtful = [
         r for r in ranges
@@ -218,8 +263,7 @@ def find_trim_gaps(
     ]  # fmt: skip
     if not doubtful:
         return {}
-    summary = client.describe_stream_summary(StreamName=stream_name)["StreamDescriptionSummary"]
-    retention = float(summary["RetentionPeriodHours"])
+    retention = float(describe_stream_summary(client, stream_name)["RetentionPeriodHours"])
     horizon = now - timedelta(hours=retention)
     gaps = {}
     for rng in doubtful:
@@ -313,6 +357,19 @@ def backlog_summary(backlogs: Sequence[ShardBacklog], plan: BatchPlan, now: date
     return summary
 
 
+def backlog_from_counts(
+    plan: BatchPlan, counts: Sequence[tuple[ShardReport, bool]], now: datetime, bound: int
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`backlog_summary` of a :func:`lag_plan` from the counts of its ranges.
+
+    :param counts: per range of ``plan.ranges``, in that order: the count's report and whether its
+        call budget ran out (``aio.count_range``).
+    :raises ValueError: not one count per range.
+    """
+    backlogs = [shard_backlog(r, report, now, budget_spent=spent) for r, (report, spent) in zip(plan.ranges, counts, strict=True)]
+    return backlog_summary(backlogs, plan, now, bound)
+
+
 def backlog_due(summary: Mapping[str, Any], min_records: int | None, min_age_seconds: float | None) -> str | None:
     """Why the backlog is worth a batch, or ``None``: whichever threshold is passed first.
 
@@ -332,23 +389,38 @@ def backlog_due(summary: Mapping[str, Any], min_records: int | None, min_age_sec
     return None
 
 
-def measure_lag(client: Any, store: Any, *, initial_position: str = "TRIM_HORIZON", now: datetime | None = None) -> dict[str, Any]:
-    """Measure a consumer's lag with a boto3 Kinesis client (one probe per readable shard).
+def measure_lag(
+    client: Any,
+    store: Any,
+    *,
+    initial_position: str = "TRIM_HORIZON",
+    now: datetime | None = None,
+    checkpoints: Mapping[str, Checkpoint] | None = None,
+    on_plan: Callable[[BatchPlan, Sequence[Shard]], None] | None = None,
+) -> dict[str, Any]:
+    """Measure a consumer's lag with a boto3 Kinesis client: the sync driver of :func:`lag_plan`
+    and :func:`lag_from_probes` (``aio.measure_lag`` is the async one).
+
+    Calls: ``ListShards`` (paginated), the committed checkpoints unless given (``GetItem``,
+    ``Query``), then one probe per readable shard (``reader.probe_ranges``: in parallel, at most
+    as many threads as the client pools connections).
 
     :param client: boto3 Kinesis client.
     :param store: the consumer's ``DynamoDBCheckpointStore``.
+    :param initial_position: where shards without a checkpoint are measured from (:data:`LAG_INITIAL_POSITIONS`).
+    :param now: the time of the measurement (UTC); default now.
+    :param checkpoints: the committed checkpoints, when the caller read them already (shard id ->
+        checkpoint); default: read from ``store``.
+    :param on_plan: called with the plan and the listed shards before the probes start (e.g. for
+        a progress display).
     :returns: :func:`lag_summary`'s dict.
     :raises StreamNotFoundError: the stream does not exist.
     """
-    from datetime import timezone
-
-    from airflow_kinesis_spark.core.reader import probe_ranges
-    from airflow_kinesis_spark.core.shards import list_shards
-
     now = now or datetime.now(timezone.utc)
     shards = list_shards(client, store.stream_name)
-    plan = lag_plan(store.stream_name, store.consumer_name, shards, store.committed_checkpoints(), now, initial_position)
-    if not plan.ranges:
-        return lag_summary([], plan, now)
-    probes = probe_ranges(client, store.stream_name, plan.ranges, min_call_interval=0)
-    return lag_summary([shard_lag(r, p, now) for r, p in zip(plan.ranges, probes, strict=True)], plan, now)
+    if checkpoints is None:
+        checkpoints = store.committed_checkpoints()
+    plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position)
+    if on_plan is not None:
+        on_plan(plan, shards)
+    return lag_from_probes(plan, probe_ranges(client, store.stream_name, plan.ranges, min_call_interval=0), now)

@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
+
+from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.positions import Checkpoint, parse_sequence_number
 from airflow_kinesis_spark.exceptions import StreamNotFoundError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Shard", "ShardLineage", "list_shards"]
+__all__ = ["Shard", "ShardLineage", "ListShardsPager", "list_shards", "describe_stream_summary", "raise_for_stream"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,84 @@ class Shard:
         return self.ending_sequence_number is None or value <= int(self.ending_sequence_number)
 
 
+def raise_for_stream(err: ClientError, stream_name: str, client: Any) -> NoReturn:
+    """Raise what a Kinesis call's error on ``stream_name`` means: :class:`StreamNotFoundError`
+    (from ``err``) for ``ResourceNotFoundException``, else ``err`` itself.
+
+    One rule for every call that names a stream (``ListShards``, ``DescribeStreamSummary``), sync
+    (boto3) or async (aiobotocore): both raise botocore's ``ClientError`` with the error code in
+    ``response["Error"]["Code"]``.
+
+    :param client: the client that made the call (its region and endpoint go into the message).
+    :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
+    :raises ClientError: ``err``, for any other error.
+    """
+    if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+        raise StreamNotFoundError.for_client(stream_name, client) from err
+    raise err
+
+
+class ListShardsPager:
+    """What to ask ``ListShards`` next, from the previous page or error: the paging of
+    :func:`list_shards` and ``aio.list_shards``, which only make the calls.
+
+    Protocol: while :attr:`request` is not ``None``, call ``ListShards(**request)``; pass the page
+    to :meth:`accept`, or a ``ClientError`` to :meth:`refused` (which raises, or sets up the
+    retry). :attr:`shards` then holds every shard in the order the service listed them.
+
+    Pages hold at most 1,000 shards (``ListShards``, Kinesis API reference). The first request
+    names the stream (and the ``ShardFilter``); the next ones carry only ``NextToken``: the real
+    API rejects ``StreamName`` next to it, as the token names the stream (API reference, ListShards).
+
+    :param stream_name: the stream's name.
+    :param shard_filter: ListShards' ``ShardFilter``, on the first request only.
+    """
+
+    def __init__(self, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> None:
+        self.stream_name = stream_name
+        self.shards: list[Shard] = []
+        self.request: dict[str, Any] | None = {
+            "StreamName": stream_name, **({"ShardFilter": dict(shard_filter)} if shard_filter else {})
+        }  # fmt: skip
+        # Emulator workaround (DESIGN.md, emulator quirks): moto's server needs StreamName again
+        # with NextToken; it refuses the token alone with InvalidToken ("Input inconsistent with
+        # page token": the token's checksum covers the stream's name). Once a token alone is
+        # refused so, the name goes with every token. The real API never sees the retry.
+        self._name_with_token = False
+
+    def accept(self, page: Mapping[str, Any]) -> None:
+        """Take a ``ListShards`` response: its shards, and the next request (``None`` after the last page)."""
+        self.shards.extend(Shard.from_api(s) for s in page.get("Shards", []))
+        token = page.get("NextToken")
+        if not token:
+            self.request = None
+        else:
+            self.request = {"NextToken": token, **({"StreamName": self.stream_name} if self._name_with_token else {})}
+
+    def refused(self, err: ClientError, client: Any) -> None:
+        """Take the error of :attr:`request`: a token sent alone and refused as ``InvalidToken``
+        is sent again with the stream's name (the moto workaround); otherwise raise.
+
+        :param client: the client that made the call (named by the error).
+        :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
+        :raises ClientError: ``err``, for any other error.
+        """
+        request = self.request or {}
+        token_alone = "NextToken" in request and "StreamName" not in request
+        if token_alone and err.response.get("Error", {}).get("Code") == "InvalidToken":
+            log.debug("ListShards refused NextToken alone (%s); sending StreamName with it (moto)", err)
+            self._name_with_token = True
+            self.request = {**request, "StreamName": self.stream_name}
+            return
+        raise_for_stream(err, self.stream_name, client)
+
+
 def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> list[Shard]:
     """List every shard of a stream (open and closed, within the retention period).
 
-    Pages through ``ListShards`` (at most 1,000 shards a page, Kinesis API reference).
+    Pages through ``ListShards`` (at most 1,000 shards a page, Kinesis API reference) as
+    :class:`ListShardsPager` decides. Not boto3's paginator: it cannot send the stream's name
+    again with the token, which moto's server needs (DESIGN.md, emulator quirks).
 
     :param client: a boto3 Kinesis client.
     :param stream_name: the stream's name.
@@ -85,30 +161,27 @@ def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] |
     :raises StreamNotFoundError: when the stream does not exist; it names the stream, the region
         and the endpoint the client talked to.
     """
-    shards: list[Shard] = []
-    # The real API rejects StreamName next to NextToken; moto's server needs it again
-    # (DESIGN.md, emulator quirks). Send the token alone and, if refused once, both from then on.
-    resend_name = False
-    kwargs: dict[str, Any] = {"StreamName": stream_name, **({"ShardFilter": dict(shard_filter)} if shard_filter else {})}
+    pager = ListShardsPager(stream_name, shard_filter)
+    while pager.request is not None:
+        try:
+            page = client.list_shards(**pager.request)
+        except ClientError as err:
+            pager.refused(err, client)
+            continue
+        pager.accept(page)
+    return pager.shards
+
+
+def describe_stream_summary(client: Any, stream_name: str) -> dict[str, Any]:
+    """``DescribeStreamSummary``'s ``StreamDescriptionSummary``: status, retention period (hours),
+    open shard count (boto3 client).
+
+    :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
+    """
     try:
-        while True:
-            try:
-                page = client.list_shards(**kwargs)
-            except client.exceptions.ClientError as err:
-                if "NextToken" not in kwargs or resend_name:
-                    raise
-                log.debug("ListShards refused NextToken alone (%s); sending StreamName too", err)
-                resend_name = True
-                kwargs["StreamName"] = stream_name
-                continue
-            shards.extend(Shard.from_api(s) for s in page.get("Shards", []))
-            token = page.get("NextToken")
-            if not token:
-                break
-            kwargs = {"NextToken": token, **({"StreamName": stream_name} if resend_name else {})}
-    except client.exceptions.ResourceNotFoundException as err:
-        raise StreamNotFoundError.for_client(stream_name, client) from err
-    return shards
+        return client.describe_stream_summary(StreamName=stream_name)["StreamDescriptionSummary"]
+    except ClientError as err:
+        raise_for_stream(err, stream_name, client)
 
 
 class ShardLineage:

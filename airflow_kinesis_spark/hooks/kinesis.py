@@ -9,9 +9,10 @@ from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFact
 
 from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.names import validate_stream_name
-from airflow_kinesis_spark.core.shards import Shard, list_shards
+from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
 
 __all__ = ["FailFastAwsHook", "KinesisStreamHook", "validate_stream_name"]
+
 
 class FailFastAwsHook(AwsBaseHook):
     """:class:`AwsBaseHook` whose client checks, on first use and within seconds, that its endpoint answers.
@@ -92,8 +93,11 @@ class KinesisStreamHook(FailFastAwsHook):
         return list_shards(self.conn, validate_stream_name(stream_name), shard_filter)
 
     def describe_stream_summary(self, stream_name: str) -> dict[str, Any]:
-        """``DescribeStreamSummary``: status, retention period (hours), open shard count."""
-        return self.conn.describe_stream_summary(StreamName=validate_stream_name(stream_name))["StreamDescriptionSummary"]
+        """``DescribeStreamSummary``: status, retention period (hours), open shard count.
+
+        :raises StreamNotFoundError: the stream does not exist; names stream, region, endpoint.
+        """
+        return describe_stream_summary(self.conn, validate_stream_name(stream_name))
 
     def spark_environment(self, include_credentials: bool = True) -> dict[str, str]:
         """Environment variables that give the Spark job this connection's access to Kinesis.

@@ -15,11 +15,11 @@ from airflow_kinesis_spark.core.lag import (
     measure_lag,
     retention_risks,
     topology_change,
+    validate_lag_arguments,
 )
-from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS
+from airflow_kinesis_spark.core.names import validate_stream_name
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
-from airflow_kinesis_spark.core.names import validate_stream_name
 from airflow_kinesis_spark.triggers.kinesis import (
     KinesisReshardingTrigger,
     KinesisRetentionTrigger,
@@ -58,12 +58,12 @@ class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
         self.region_name = region_name
         self.deferrable = deferrable
 
-
     def store(self) -> DynamoDBCheckpointStore:
         validate_stream_name(self.stream_name)
         return self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
 
     def trigger_kwargs(self) -> dict[str, Any]:
+        """The common arguments of the sensors' triggers (``_ConsumerTrigger``), by name."""
         return {
             "stream_name": self.stream_name,
             "consumer_name": self.consumer_name,
@@ -132,10 +132,7 @@ class KinesisShardLagSensor(_ConsumerSensor):
         self.initial_position = initial_position
 
     def poke(self, context: Context) -> PokeReturnValue:
-        if self.min_age_seconds is not None and self.min_age_seconds < 0:
-            raise ValueError(f"min_age_seconds must be >= 0 or None; got {self.min_age_seconds!r}")
-        if self.initial_position not in INITIAL_POSITIONS[:2]:
-            raise ValueError(f"initial_position must be TRIM_HORIZON or LATEST; got {self.initial_position!r}")
+        validate_lag_arguments(initial_position=self.initial_position, min_age_seconds=self.min_age_seconds)
         summary = measure_lag(self.kinesis_hook.conn, self.store(), initial_position=self.initial_position)
         done = backlog_ready(summary, self.min_age_seconds)
         self._log_lag(summary, "ready" if done else "waiting")
@@ -223,8 +220,7 @@ class KinesisRetentionGuardSensor(_ConsumerSensor):
         self.initial_position = initial_position
 
     def poke(self, context: Context) -> PokeReturnValue:
-        if self.initial_position not in INITIAL_POSITIONS[:2]:
-            raise ValueError(f"initial_position must be TRIM_HORIZON or LATEST; got {self.initial_position!r}")
+        validate_lag_arguments(initial_position=self.initial_position)
         retention = float(self.kinesis_hook.describe_stream_summary(self.stream_name)["RetentionPeriodHours"])
         lag = measure_lag(self.kinesis_hook.conn, self.store(), initial_position=self.initial_position)
         return PokeReturnValue(is_done=True, xcom_value=self.complete(

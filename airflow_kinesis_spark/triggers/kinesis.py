@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -24,8 +25,8 @@ from airflow_kinesis_spark.core.lag import (
     backlog_ready,
     retention_risks,
     topology_change,
+    validate_lag_arguments,
 )
-from airflow_kinesis_spark.core.reader import GET_RECORDS_MAX_LIMIT
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
@@ -40,7 +41,18 @@ MIN_BACKLOG_POLL_INTERVAL_S = 5.0
 
 
 class _ConsumerTrigger(BaseTrigger):
-    """Common arguments: which consumer of which stream, where its checkpoints are, how often."""
+    """Common arguments: which consumer of which stream, where its checkpoints are, how often.
+
+    Every argument is an attribute of the same name and goes into :meth:`serialize` by that name
+    (JSON values only); a subclass lists its own in :meth:`own_arguments`.
+
+    :param stream_name: the Kinesis stream.
+    :param consumer_name: the consumer (application) name whose checkpoints are read.
+    :param checkpoint_table: the DynamoDB checkpoint table.
+    :param poke_interval: seconds between polls.
+    :param aws_conn_id: the ``aws`` connection.
+    :param region_name: overrides the connection's region.
+    """
 
     def __init__(
         self,
@@ -51,7 +63,6 @@ class _ConsumerTrigger(BaseTrigger):
         poke_interval: float = 60.0,
         aws_conn_id: str | None = "aws_default",
         region_name: str | None = None,
-        **extra: Any,
     ) -> None:
         super().__init__()
         self.stream_name = stream_name
@@ -60,7 +71,16 @@ class _ConsumerTrigger(BaseTrigger):
         self.poke_interval = poke_interval
         self.aws_conn_id = aws_conn_id
         self.region_name = region_name
-        self.extra = extra
+
+    def own_arguments(self) -> dict[str, Any]:
+        """The subclass's own keyword arguments by name, as :meth:`serialize` writes them."""
+        return {}
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """:meth:`own_arguments`, read-only: for code written against the ``extra`` dict of earlier
+        versions. Read the attributes instead (``trigger.min_records``)."""
+        return self.own_arguments()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -72,22 +92,28 @@ class _ConsumerTrigger(BaseTrigger):
                 "poke_interval": self.poke_interval,
                 "aws_conn_id": self.aws_conn_id,
                 "region_name": self.region_name,
-                **self.extra,
+                **self.own_arguments(),
             },
         )
 
     def _store(self) -> DynamoDBCheckpointStore:
         return DynamoDBCheckpointStore(None, self.checkpoint_table, self.stream_name, self.consumer_name)
 
+    @asynccontextmanager
+    async def _clients(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Async (aiobotocore) Kinesis and DynamoDB clients of the trigger's connection, for its whole run."""
+        kinesis_hook = KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        dynamodb_hook = DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        async with await kinesis_hook.get_async_conn() as kinesis, await dynamodb_hook.get_async_conn() as dynamodb:
+            yield kinesis, dynamodb
+
     async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
         """One poll: an event payload when done, else ``None``."""
         raise NotImplementedError
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        kinesis_hook = KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
-        dynamodb_hook = DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
         try:
-            async with await kinesis_hook.get_async_conn() as kinesis, await dynamodb_hook.get_async_conn() as dynamodb:
+            async with self._clients() as (kinesis, dynamodb):
                 while True:
                     payload = await self.evaluate(kinesis, dynamodb)
                     if payload is not None:
@@ -101,18 +127,26 @@ class _ConsumerTrigger(BaseTrigger):
 class KinesisShardLagTrigger(_ConsumerTrigger):
     """Fires when a consumer's backlog is worth a batch (see ``KinesisShardLagSensor``).
 
-    :param min_age_seconds: oldest unconsumed record at least this old; ``None``: any record.
+    :param min_age_seconds: oldest unconsumed record at least this old (seconds); ``None``: any record.
     :param initial_position: where never-seen shards start (``TRIM_HORIZON`` or ``LATEST``).
+    :param kwargs: the common arguments (see ``_ConsumerTrigger``).
+    :raises ValueError: an argument out of range (``lag.validate_lag_arguments``).
     """
 
     def __init__(self, *, min_age_seconds: float | None = None, initial_position: str = "TRIM_HORIZON", **kwargs: Any) -> None:
-        super().__init__(min_age_seconds=min_age_seconds, initial_position=initial_position, **kwargs)
+        validate_lag_arguments(initial_position=initial_position, min_age_seconds=min_age_seconds)
+        super().__init__(**kwargs)
+        self.min_age_seconds = min_age_seconds
+        self.initial_position = initial_position
+
+    def own_arguments(self) -> dict[str, Any]:
+        return {"min_age_seconds": self.min_age_seconds, "initial_position": self.initial_position}
 
     async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
-        summary = await aio.measure_lag(kinesis, dynamodb, self._store(), initial_position=self.extra["initial_position"])
+        summary = await aio.measure_lag(kinesis, dynamodb, self._store(), initial_position=self.initial_position)
         self.log.info("lag of %s/%s: max age %s ms, shards with records %s", self.stream_name, self.consumer_name,
                       summary["max_age_ms"], summary["shards_with_unconsumed"])  # fmt: skip
-        if backlog_ready(summary, self.extra["min_age_seconds"]):
+        if backlog_ready(summary, self.min_age_seconds):
             return {"status": "success", "lag": summary}
         return None
 
@@ -138,16 +172,25 @@ class KinesisReshardingTrigger(_ConsumerTrigger):
 class KinesisRetentionTrigger(_ConsumerTrigger):
     """Evaluates the retention guard once (see ``KinesisRetentionGuardSensor``).
 
-    :param margin_seconds: how close to the retention period counts as at risk.
+    :param margin_seconds: how close to the retention period counts as at risk (seconds).
+    :param initial_position: where never-seen shards start (``TRIM_HORIZON`` or ``LATEST``).
+    :param kwargs: the common arguments (see ``_ConsumerTrigger``).
+    :raises ValueError: an ``initial_position`` other than those two.
     """
 
     def __init__(self, *, margin_seconds: float, initial_position: str = "TRIM_HORIZON", **kwargs: Any) -> None:
-        super().__init__(margin_seconds=margin_seconds, initial_position=initial_position, **kwargs)
+        validate_lag_arguments(initial_position=initial_position)
+        super().__init__(**kwargs)
+        self.margin_seconds = margin_seconds
+        self.initial_position = initial_position
+
+    def own_arguments(self) -> dict[str, Any]:
+        return {"margin_seconds": self.margin_seconds, "initial_position": self.initial_position}
 
     async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
         retention = float((await aio.describe_stream_summary(kinesis, self.stream_name))["RetentionPeriodHours"])
-        lag = await aio.measure_lag(kinesis, dynamodb, self._store(), initial_position=self.extra["initial_position"])
-        risks = retention_risks(lag, retention, timedelta(seconds=self.extra["margin_seconds"]))
+        lag = await aio.measure_lag(kinesis, dynamodb, self._store(), initial_position=self.initial_position)
+        risks = retention_risks(lag, retention, timedelta(seconds=self.margin_seconds))
         return {"status": "success", "retention_period_hours": retention, "at_risk": risks, "lag": lag}
 
 
@@ -211,30 +254,26 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
         initial_position: str = "TRIM_HORIZON",
         **kwargs: Any,
     ) -> None:
-        if min_records is not None and (
-            isinstance(min_records, bool) or not isinstance(min_records, int) or not 1 <= min_records <= GET_RECORDS_MAX_LIMIT
-        ):
-            raise ValueError(f"min_records must be an integer 1..{GET_RECORDS_MAX_LIMIT} or None; got {min_records!r}")
-        if min_age_seconds is not None and not min_age_seconds >= 0:
-            raise ValueError(f"min_age_seconds must be >= 0 seconds or None; got {min_age_seconds!r}")
+        validate_lag_arguments(initial_position=initial_position, min_age_seconds=min_age_seconds, min_records=min_records)
         if not poke_interval >= MIN_BACKLOG_POLL_INTERVAL_S:
             raise ValueError(
                 f"poke_interval must be at least {MIN_BACKLOG_POLL_INTERVAL_S:g} seconds (Kinesis allows 5 GetRecords and "
                 f"5 GetShardIterator calls per second per shard, shared with the batches' readers); got {poke_interval!r}"
             )
-        if initial_position not in ("TRIM_HORIZON", "LATEST"):
-            raise ValueError(f"initial_position must be TRIM_HORIZON or LATEST; got {initial_position!r}")
-        super().__init__(
-            poke_interval=poke_interval, min_records=min_records, min_age_seconds=min_age_seconds,
-            initial_position=initial_position, **kwargs,
-        )  # fmt: skip
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.min_records = min_records
+        self.min_age_seconds = min_age_seconds
+        self.initial_position = initial_position
         # The committed batch id the last event was sent for (in memory: see "Re-firing").
         self._fired_for: int | None = None
 
+    def own_arguments(self) -> dict[str, Any]:
+        return {"min_records": self.min_records, "min_age_seconds": self.min_age_seconds, "initial_position": self.initial_position}
+
     async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
-        min_records, min_age = self.extra["min_records"], self.extra["min_age_seconds"]
+        min_records, min_age = self.min_records, self.min_age_seconds
         summary = await aio.measure_backlog(
-            kinesis, dynamodb, self._store(), bound=min_records or 1, initial_position=self.extra["initial_position"]
+            kinesis, dynamodb, self._store(), bound=min_records or 1, initial_position=self.initial_position
         )
         reason = backlog_due(summary, min_records, min_age)
         committed = summary["committed_batch_id"]
@@ -271,9 +310,7 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        kinesis_hook = KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
-        dynamodb_hook = DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
-        async with await kinesis_hook.get_async_conn() as kinesis, await dynamodb_hook.get_async_conn() as dynamodb:
+        async with self._clients() as (kinesis, dynamodb):
             while True:
                 try:
                     payload = await self.evaluate(kinesis, dynamodb)

@@ -15,7 +15,7 @@ import pytest
 from airflow.triggers.base import BaseEventTrigger
 
 from airflow_kinesis_spark.core import aio
-from airflow_kinesis_spark.core.lag import backlog_due, backlog_summary, lag_plan, shard_backlog
+from airflow_kinesis_spark.core.lag import backlog_due, backlog_from_counts, backlog_summary, lag_plan, shard_backlog
 from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.shards import Shard, list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
@@ -214,6 +214,10 @@ def test_serialize_round_trips_and_is_an_event_trigger():
     module, _, name = path.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
     assert rebuilt.serialize() == (path, kwargs)
+    assert (rebuilt.min_records, rebuilt.min_age_seconds, rebuilt.initial_position) == (500, 120.0, "TRIM_HORIZON")
+    assert rebuilt.extra == {"min_records": 500, "min_age_seconds": 120.0, "initial_position": "TRIM_HORIZON"}  # earlier versions' view
+    with pytest.raises(TypeError, match="min_record"):
+        KinesisBacklogTrigger(**{**kwargs, "min_record": 5})  # a misspelt argument is an error, not an extra
     # What identifies the watcher's trigger in Airflow's database: stable across re-creation.
     assert BaseEventTrigger.hash(path, kwargs) == BaseEventTrigger.hash(*rebuilt.serialize())
 
@@ -254,6 +258,8 @@ def test_backlog_due_takes_whichever_threshold_comes_first():
     waiting = ShardReport(rng.shard_id, None, None, 7, 7, 7, 7, False, "caught_up", first_arrival=now - timedelta(seconds=30))
     summary = backlog_summary([shard_backlog(rng, waiting, now, budget_spent=False)], plan, now, 10)
     assert summary["records_waiting"] == 7 and summary["records_waiting_exact"] is True
+    assert backlog_from_counts(plan, [(waiting, False)], now, 10) == summary
+    assert backlog_from_counts(plan, [(waiting, True)], now, 10)["records_waiting_exact"] is False  # budget spent: a lower bound
     assert backlog_due(summary, None, None) == "any_record"
     assert backlog_due(summary, 7, None) == "min_records"
     assert backlog_due(summary, 8, None) is None

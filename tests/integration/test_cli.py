@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import click
@@ -121,3 +122,20 @@ def test_aws_errors_are_one_line_too(consumed, moto_endpoint):
 def test_usage_errors_exit_with_2():
     result = CliRunner().invoke(cli, ["rewind", "orders", "-c", "lake", "-t", "checkpoints"])
     assert result.exit_code == 2 and "Missing option '--to'" in result.output
+
+
+def test_probes_stay_within_the_clients_connection_pool(kinesis, dynamodb, unique_name, moto_endpoint, monkeypatch, caplog):
+    """More readable shards than botocore pools connections (10): no connection is opened and
+    thrown away ("Connection pool is full"), as more probe threads than connections would do."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_SECRET_KEY)
+    create_stream(kinesis, unique_name, 24)
+    DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake").ensure_table()
+    caplog.set_level(logging.WARNING, logger="urllib3")
+    try:
+        result = invoke(CliRunner(), moto_endpoint, "checkpoints", unique_name, "-c", "lake", "-t", f"{unique_name}_t", "--json")
+        assert result.exit_code == 0, result.output
+        assert len(json.loads(result.stdout)["lag"]["shards"]) == 24
+        assert not [r for r in caplog.records if "Connection pool is full" in r.getMessage()]
+    finally:
+        kinesis.delete_stream(StreamName=unique_name)

@@ -11,7 +11,7 @@ import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
 from airflow_kinesis_spark.core.planner import BatchPlan, advance, plan_incremental, validate_report
-from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
+from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel, format_timestamp
 from airflow_kinesis_spark.core.reader import ShardReader, UserRecord
 from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
 from airflow_kinesis_spark.core.shards import list_shards
@@ -84,6 +84,12 @@ def planning_time() -> datetime:
     # Both emulators truncate arrival times to milliseconds (never round up), so a record
     # written before this call arrived before the returned time.
     return datetime.now(timezone.utc)
+
+
+def stored(checkpoint: Checkpoint) -> Checkpoint:
+    """The checkpoint as the store keeps it: timestamps in milliseconds, the precision of plans'
+    cutoffs (a LATEST start is planned at ``now`` in microseconds, a hair after its cutoff)."""
+    return Checkpoint.from_dict(checkpoint.to_dict())
 
 
 def plan_batch(
@@ -324,10 +330,11 @@ def test_latest_start_reads_what_arrives_after_planning(emulator, stream):
     assert records1[rng.shard_id] == []  # "early" is before the start, "late" after the cutoff
     assert reports1[0].stop_reason == "cutoff"
     checkpoints = validate_report(plan1, reports1)
-    assert checkpoints[rng.shard_id] == Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=plan1.cutoff)
+    assert stored(checkpoints[rng.shard_id]) == Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=plan1.cutoff)
 
     plan2 = plan_batch(client, stream, 2, checkpoints)
-    assert plan2.ranges[0].start == StartPosition("AT_TIMESTAMP", timestamp=plan1.cutoff)
+    assert plan2.ranges[0].start.iterator_type == "AT_TIMESTAMP"
+    assert format_timestamp(plan2.ranges[0].start.timestamp) == format_timestamp(plan1.cutoff)
     records2, reports2 = read_plan(client, plan2)
     assert as_puts(records2[rng.shard_id]) == late
     assert early[0] not in as_puts(records2[rng.shard_id])
@@ -345,7 +352,7 @@ def test_at_timestamp_start_with_nothing_after_it_on_moto(kinesis, unique_name):
     assert records[rng.shard_id] == []
     assert reports[0].stop_reason == "caught_up"
     checkpoints = validate_report(plan, reports)
-    assert checkpoints[rng.shard_id] == Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=plan.cutoff)
+    assert stored(checkpoints[rng.shard_id]) == Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=plan.cutoff)
     late = put_plain(kinesis, unique_name, "b", b"after")
     records2, _ = read_plan(kinesis, plan_batch(kinesis, unique_name, 2, checkpoints))
     assert as_puts(records2[rng.shard_id]) == late

@@ -137,15 +137,31 @@ def test_retention_guard_passes_fails_and_soft_fails(aws_conn, kinesis, unique_n
     assert event["status"] == "success" and list(event["at_risk"]) == [s.shard_id for s in list_shards(kinesis, unique_name)]
 
 
-@pytest.mark.parametrize(
-    "trigger",
-    [
-        KinesisShardLagTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", min_age_seconds=30.0, poke_interval=5),
-        KinesisReshardingTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", region_name="eu-west-1"),
-        KinesisRetentionTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", margin_seconds=3600.0),
-    ],
-    ids=lambda t: type(t).__name__,
-)
+def test_sync_and_async_fail_alike_when_the_committed_checkpoints_are_missing(aws_conn, kinesis, dynamodb, unique_name):
+    """A head that points at checkpoints no longer in the table is an error in the sensor and in
+    its trigger alike (never "no checkpoints": that would measure from TRIM_HORIZON)."""
+    create_stream(kinesis, unique_name, 1)
+    consume_everything(kinesis, dynamodb, unique_name, f"{unique_name}_t")
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "c")
+    head = store.head()
+    chunks = dynamodb.query(**store.chunks_request(head.committed_batch_id, "CKPT", head.committed_owner))["Items"]
+    assert chunks
+    for item in chunks:
+        dynamodb.delete_item(TableName=store.table_name, Key={"pk": item["pk"], "sk": item["sk"]})
+    with pytest.raises(RuntimeError, match="the checkpoints of committed batch 1 are missing"):
+        KinesisShardLagSensor(**sensor_args(unique_name)).poke({})
+    event = first_event(KinesisShardLagSensor(**sensor_args(unique_name, poke_interval=1)).trigger())
+    assert event["status"] == "error" and "the checkpoints of committed batch 1 are missing" in event["message"]
+
+
+TRIGGERS = [
+    KinesisShardLagTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", min_age_seconds=30.0, poke_interval=5),
+    KinesisReshardingTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", region_name="eu-west-1"),
+    KinesisRetentionTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", margin_seconds=3600.0),
+]
+
+
+@pytest.mark.parametrize("trigger", TRIGGERS, ids=lambda t: type(t).__name__)
 def test_triggers_serialize_and_round_trip(trigger):
     import importlib
 
@@ -154,3 +170,41 @@ def test_triggers_serialize_and_round_trip(trigger):
     module, _, name = path.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
     assert rebuilt.serialize() == (path, kwargs)
+    assert all(getattr(rebuilt, key) == value for key, value in kwargs.items())  # every argument an attribute of its name
+
+
+@pytest.mark.parametrize("trigger", TRIGGERS, ids=lambda t: type(t).__name__)
+def test_triggers_refuse_unknown_arguments(trigger):
+    path, kwargs = trigger.serialize()
+    with pytest.raises(TypeError, match="min_age_secs"):
+        type(trigger)(**kwargs, min_age_secs=5)
+
+
+def test_a_trigger_serialized_by_the_previous_version_still_deserializes():
+    """The arguments as the previous version (settings in an untyped ``extra``) wrote them."""
+    old = {"stream_name": "apache-access-log", "consumer_name": "parquet-lake", "checkpoint_table": "kinesis_spark_checkpoints",
+           "poke_interval": 5.0, "aws_conn_id": "aws_default", "region_name": None, "min_age_seconds": None,
+           "initial_position": "LATEST"}  # fmt: skip
+    trigger = KinesisShardLagTrigger(**old)
+    assert trigger.initial_position == "LATEST" and trigger.min_age_seconds is None
+    assert trigger.serialize()[1] == old
+
+
+def test_sensors_hand_their_settings_to_their_triggers_by_name():
+    lag = KinesisShardLagSensor(**sensor_args("s", min_age_seconds=90, initial_position="LATEST", poke_interval=7)).trigger()
+    assert lag.serialize()[1] == {"stream_name": "s", "consumer_name": "c", "checkpoint_table": "s_t", "poke_interval": 7.0,
+                                  "aws_conn_id": "aws_default", "region_name": None, "min_age_seconds": 90,
+                                  "initial_position": "LATEST"}  # fmt: skip
+    guard = KinesisRetentionGuardSensor(**sensor_args("s", margin=timedelta(minutes=30), initial_position="LATEST")).trigger()
+    assert guard.margin_seconds == 1800.0 and guard.initial_position == "LATEST"
+    assert KinesisReshardingSensor(**sensor_args("s", region_name="eu-west-1")).trigger().region_name == "eu-west-1"
+
+
+@pytest.mark.parametrize("trigger_class", [KinesisShardLagTrigger, KinesisRetentionTrigger], ids=lambda c: c.__name__)
+def test_triggers_check_initial_position_when_built(trigger_class):
+    """In the worker, when the sensor defers: not as an error event from the triggerer later."""
+    args = {"stream_name": "s", "consumer_name": "c", "checkpoint_table": "t"}
+    if trigger_class is KinesisRetentionTrigger:
+        args["margin_seconds"] = 60.0
+    with pytest.raises(ValueError, match="initial_position must be TRIM_HORIZON or LATEST"):
+        trigger_class(**args, initial_position="AT_TIMESTAMP")

@@ -136,3 +136,148 @@ def test_count_reader_asks_for_its_bound_in_the_first_call(bound):
                      start_checkpoint=Checkpoint(Sentinel.TRIM_HORIZON), cutoff=datetime.now(timezone.utc))  # fmt: skip
     reader = count_reader("s", rng, bound)
     assert reader.records_request("it")["Limit"] == bound
+
+
+# -- measuring: one plan-and-summary (lag_plan, lag_from_probes), driven sync and async ----------------
+
+
+class ProbedKinesis:
+    """A Kinesis of ``shards`` open shards, for probes: a shard in ``waiting`` holds one record that
+    arrived 90 s before NOW, the others are caught up. Counts concurrent GetRecords calls."""
+
+    def __init__(self, shards: int, waiting: set[int], pool: int = 10) -> None:
+        import threading
+        from types import SimpleNamespace
+
+        from botocore.exceptions import ClientError
+
+        self.shards = [shard(n) for n in range(shards)]
+        self.waiting = {f"shardId-{n:012d}" for n in waiting}
+        self.meta = SimpleNamespace(region_name="r", endpoint_url="e", config=SimpleNamespace(max_pool_connections=pool))
+        self.exceptions = SimpleNamespace(ClientError=ClientError, ExpiredIteratorException=type("Expired", (ClientError,), {}))
+        self.lock = threading.Lock()
+        self.active = 0
+        self.most_active = 0
+        self.get_records_calls = 0
+
+    def list_shards(self, **kwargs):
+        return {"Shards": [{"ShardId": s.shard_id, "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "99"},
+                            "SequenceNumberRange": {"StartingSequenceNumber": "100"}} for s in self.shards]}  # fmt: skip
+
+    def get_shard_iterator(self, **kwargs):
+        return {"ShardIterator": kwargs["ShardId"]}
+
+    def get_records(self, ShardIterator: str, Limit: int, **kwargs):  # noqa: N803 - boto3 names
+        import time
+
+        with self.lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+            self.get_records_calls += 1
+        time.sleep(0.02)
+        with self.lock:
+            self.active -= 1
+        if ShardIterator in self.waiting:
+            record = {"SequenceNumber": "500", "ApproximateArrivalTimestamp": NOW - timedelta(seconds=90),
+                      "Data": b"x", "PartitionKey": "k"}  # fmt: skip
+            return {"Records": [record], "NextShardIterator": ShardIterator, "MillisBehindLatest": 0}
+        return {"Records": [], "NextShardIterator": ShardIterator, "MillisBehindLatest": 0}
+
+
+class Store:
+    stream_name, consumer_name = "s", "c"
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def committed_checkpoints(self):
+        self.reads += 1
+        return {}
+
+
+def test_lag_from_probes_is_the_summary_of_the_plan_and_needs_one_probe_per_range():
+    from airflow_kinesis_spark.core.lag import lag_from_probes
+
+    plan = lag_plan("s", "c", [shard(0), shard(1)], {}, NOW)
+    probes = [report("shardId-000000000000", 1, NOW - timedelta(seconds=5)), report("shardId-000000000001", 0, stop="caught_up")]
+    summary = lag_from_probes(plan, probes, NOW)
+    assert summary["shards_with_unconsumed"] == ["shardId-000000000000"] and summary["max_age_ms"] == 5000
+    with pytest.raises(ValueError):
+        lag_from_probes(plan, probes[:1], NOW)
+
+
+def test_measure_lag_probes_in_parallel_within_the_clients_connection_pool():
+    from airflow_kinesis_spark.core.lag import measure_lag
+
+    client = ProbedKinesis(shards=12, waiting={1, 7}, pool=3)
+    summary = measure_lag(client, Store(), now=NOW)
+    assert summary["shards_with_unconsumed"] == ["shardId-000000000001", "shardId-000000000007"]
+    assert summary["shards"]["shardId-000000000001"]["age_ms"] == 90_000 and len(summary["shards"]) == 12
+    assert client.get_records_calls == 12
+    assert 2 <= client.most_active <= 3  # parallel, never more threads than pooled connections
+
+
+def test_measure_lag_uses_given_checkpoints_and_reports_its_plan_before_probing():
+    from airflow_kinesis_spark.core.lag import measure_lag
+
+    client, store = ProbedKinesis(shards=3, waiting={0}), Store()
+    seen = []
+    done = Checkpoint(Sentinel.SHARD_END)
+    summary = measure_lag(client, store, now=NOW, checkpoints={"shardId-000000000002": done},
+                          on_plan=lambda plan, shards: seen.append((len(plan.ranges), len(shards), client.get_records_calls)))  # fmt: skip
+    assert store.reads == 0  # the given checkpoints, not a second read
+    assert seen == [(2, 3, 0)]  # 2 readable of 3 listed, before any probe
+    assert sorted(summary["shards"]) == ["shardId-000000000000", "shardId-000000000001"]
+    measure_lag(client, store, now=NOW)
+    assert store.reads == 1
+
+
+def test_sync_and_async_measurements_agree():
+    import asyncio
+
+    from airflow_kinesis_spark.core import aio
+    from airflow_kinesis_spark.core.lag import measure_lag
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
+    client = ProbedKinesis(shards=4, waiting={0, 3})
+
+    class AsyncKinesis:
+        meta = client.meta
+
+        def __getattr__(self, name):
+            async def call(**kwargs):
+                return getattr(client, name)(**kwargs)
+
+            return call
+
+    class NoTable:
+        async def get_item(self, **kwargs):
+            return {}  # no head: no committed batch
+
+    store = DynamoDBCheckpointStore(None, "lag_table", "s", "c")
+    sync = measure_lag(client, store, now=NOW, checkpoints={})
+    asynchronous = asyncio.run(aio.measure_lag(AsyncKinesis(), NoTable(), store))
+    drop = {"measured_at", "max_age_ms"}
+    assert {k: v for k, v in sync.items() if k not in drop and k != "shards"} == {
+        k: v for k, v in asynchronous.items() if k not in drop and k != "shards"
+    }
+    strip = lambda s: {k: {f: v for f, v in lag.items() if f != "age_ms"} for k, lag in s["shards"].items()}  # noqa: E731
+    assert strip(sync) == strip(asynchronous) and sync["shards_with_unconsumed"] == ["shardId-000000000000", "shardId-000000000003"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"initial_position": "AT_TIMESTAMP"}, "initial_position must be TRIM_HORIZON or LATEST"),
+        ({"min_age_seconds": -1}, "min_age_seconds must be >= 0"),
+        ({"min_records": 0}, "min_records must be an integer 1..10000"),
+        ({"min_records": 10_001}, "min_records must be an integer 1..10000"),
+        ({"min_records": True}, "min_records must be an integer 1..10000"),
+    ],
+)
+def test_validate_lag_arguments(kwargs, message):
+    from airflow_kinesis_spark.core.lag import validate_lag_arguments
+
+    with pytest.raises(ValueError, match=message):
+        validate_lag_arguments(**kwargs)
+    validate_lag_arguments(initial_position="LATEST", min_age_seconds=0, min_records=10_000)
