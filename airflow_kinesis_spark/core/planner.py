@@ -173,10 +173,11 @@ def plan_incremental(
     for name, cap in (("max_records_per_shard", max_records_per_shard), ("max_bytes_per_shard", max_bytes_per_shard)):
         if cap is not None and cap < 1:
             raise ValueError(f"{name} must be a positive integer or None; got {cap!r}")
-    now = to_utc(now)
     # Milliseconds, the precision of ApproximateArrivalTimestamp and of the stored plan: the probes
-    # (on this plan) and every attempt of the job (on the stored plan) then stop at the same record.
-    cutoff = parse_timestamp(format_timestamp(min(to_utc(cutoff), now)))
+    # (on this plan) and every attempt of the job (on the stored plan) then stop at the same record,
+    # and a LATEST start (at now) is never after the cutoff.
+    now = parse_timestamp(format_timestamp(to_utc(now)))
+    cutoff = min(parse_timestamp(format_timestamp(to_utc(cutoff))), now)
     lineage = ShardLineage(shards)
     vanished = sorted(k for k, v in checkpoints.items() if k not in lineage.shards and not v.is_shard_end)
     if vanished:

@@ -32,7 +32,7 @@ from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, rest
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, to_utc
 from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, probe_ranges
-from airflow_kinesis_spark.core.shards import list_shards
+from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shards
 from airflow_kinesis_spark.core.window import (
     derive_slices,
     plan_window,
@@ -403,7 +403,7 @@ def run_window(kinesis: Any, job: BatchJob, settings: WindowSettings, *, now: da
     now = to_utc(now or datetime.now(timezone.utc))
     start, end = to_utc(settings.start), to_utc(settings.end)
     validate_window(start, end, now=now)  # cheap checks before any call
-    summary = kinesis.describe_stream_summary(StreamName=settings.stream_name)["StreamDescriptionSummary"]
+    summary = describe_stream_summary(kinesis, settings.stream_name)
     horizon = now - timedelta(hours=float(summary["RetentionPeriodHours"]))
     gap = validate_window(start, end, now=now, trim_horizon=horizon, allow_data_loss=settings.allow_data_loss)
     if gap:

@@ -76,12 +76,6 @@ class _ConsumerTrigger(BaseTrigger):
         """The subclass's own keyword arguments by name, as :meth:`serialize` writes them."""
         return {}
 
-    @property
-    def extra(self) -> dict[str, Any]:
-        """:meth:`own_arguments`, read-only: for code written against the ``extra`` dict of earlier
-        versions. Read the attributes instead (``trigger.min_records``)."""
-        return self.own_arguments()
-
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",

@@ -61,7 +61,7 @@ def test_event_driven_dag_runs_on_a_backlog_watched_by_the_trigger(tmp_path, mon
     trigger = watcher.trigger
     assert isinstance(trigger, KinesisBacklogTrigger)
     assert (trigger.consumer_name, trigger.poke_interval) == ("parquet-lake-events", 10.0)
-    assert trigger.extra["min_records"] == 250 and trigger.extra["min_age_seconds"] is None
+    assert trigger.min_records == 250 and trigger.min_age_seconds is None
     assert dag.max_active_runs == 1
     task = dag.get_task("ingest_backlog")
     assert isinstance(task, KinesisToSparkOperator) and task.consumer_name == trigger.consumer_name
