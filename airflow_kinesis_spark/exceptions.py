@@ -68,6 +68,12 @@ class DataLossError(KinesisSparkError):
     """Records would be skipped (trim horizon passed, shard vanished unread). Needs ``allow_data_loss``."""
 
 
+class PendingPlanMismatchError(KinesisSparkError):
+    """The pending plan stored in the checkpoint table is not what this task would plan (another
+    stream, consumer, checkpoint table or output location). Nothing is read or written; a retry
+    cannot help until the pending batch is discarded or the task's settings are put back."""
+
+
 class CorruptAggregateError(KinesisSparkError):
     """A KPL-aggregated Kinesis record failed its MD5 check or did not parse."""
 

@@ -60,6 +60,8 @@ class BatchPlan:
         checkpoint, passed over with ``allow_data_loss=True``.
     :param mode: ``incremental``, or ``window`` (then ``cutoff`` is the window's end).
     :param window_start: in window mode, the window's start (UTC).
+    :param checkpoint_table: the DynamoDB table the plan is stored in (checked when a pending plan
+        is re-used; ``None`` in plans of earlier versions and window plans).
     """
 
     batch_id: int
@@ -76,6 +78,7 @@ class BatchPlan:
     open_shards: tuple[str, ...] = ()
     trim_gaps: Mapping[str, str] = field(default_factory=dict)
     window_start: datetime | None = None
+    checkpoint_table: str | None = None
 
     @property
     def shard_ids(self) -> list[str]:
@@ -97,6 +100,7 @@ class BatchPlan:
             "open_shards": list(self.open_shards),
             "trim_gaps": dict(self.trim_gaps),
             "window_start": format_timestamp(self.window_start) if self.window_start else None,
+            "checkpoint_table": self.checkpoint_table,
         }
 
     @classmethod
@@ -116,6 +120,7 @@ class BatchPlan:
             open_shards=tuple(data.get("open_shards", ())),
             trim_gaps=dict(data.get("trim_gaps", {})),
             window_start=parse_timestamp(data["window_start"]) if data.get("window_start") else None,
+            checkpoint_table=data.get("checkpoint_table"),
         )
 
 

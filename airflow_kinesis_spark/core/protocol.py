@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, restart_from_trim_horizon, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, to_utc
-from airflow_kinesis_spark.core.ranges import ShardReport
+from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
 from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, probe_ranges
 from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shards
 from airflow_kinesis_spark.core.window import (
@@ -41,7 +41,7 @@ from airflow_kinesis_spark.core.window import (
     window_label,
     window_summary,
 )
-from airflow_kinesis_spark.exceptions import DataLossError
+from airflow_kinesis_spark.exceptions import DataLossError, PendingPlanMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -171,11 +171,14 @@ def run_incremental(
         ``allow_data_loss``; nothing read or written.
     :raises CheckpointConflictError: another writer moved the store or took the batch over.
     :raises BatchLeaseHeldError: another run holds the pending batch's lease.
+    :raises PendingPlanMismatchError: the pending plan is not this task's (:func:`check_pending_plan`).
     :raises ReportValidationError: the job's report does not match the plan; nothing committed.
     """
     now = to_utc(now or datetime.now(timezone.utc))
     head = store.head()
     plan = store.pending_plan(head)
+    if plan is not None:
+        check_pending_plan(plan, head.pending_batch_id, store, settings)
     if plan is not None and _pending_plan_gaps(kinesis, store, plan, settings, owner, now):
         plan = None  # discarded (allow_data_loss): planned anew below, from the oldest records kept
         head = store.head()
@@ -225,6 +228,7 @@ def plan_batch(kinesis: Any, store: Any, settings: IncrementalSettings, batch_id
         max_bytes_per_shard=settings.max_bytes_per_shard,
         allow_data_loss=settings.allow_data_loss,
     )
+    plan = replace(plan, checkpoint_table=store.table_name)
     gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
     if gaps:
         detail = _gap_detail(gaps)
@@ -240,6 +244,54 @@ def plan_batch(kinesis: Any, store: Any, settings: IncrementalSettings, batch_id
     for rng in plan.ranges:
         log.info("Plan batch %d: shard %s from %s to cutoff %s", batch_id, rng.shard_id, rng.start, format_timestamp(rng.cutoff))
     return plan
+
+
+def check_pending_plan(plan: BatchPlan, pending_batch_id: int | None, store: Any, settings: IncrementalSettings) -> None:
+    """Check a pending plan read from the checkpoint table against what this task would plan.
+
+    The table is state anyone with write access to it can change, so a stored plan is re-used
+    only when it is this task's: the pending batch id, mode ``incremental``, the stream, the
+    consumer, the checkpoint table, the output location (derived from the task's output root and
+    the batch id, never taken from the plan), and start positions that follow from the committed
+    checkpoints (each range starts after the shard's committed checkpoint, or, for a shard
+    without one or with a recorded trim gap, at a sentinel).
+
+    :raises PendingPlanMismatchError: naming each difference and the fix; nothing read or written.
+    """
+    expected: dict[str, Any] = {
+        "batch id": pending_batch_id,
+        "mode": "incremental",
+        "stream": settings.stream_name,
+        "consumer": settings.consumer_name,
+        "checkpoint table": store.table_name,
+        "output location": batch_output_location(settings.output_root, pending_batch_id or 0),
+    }
+    stored: dict[str, Any] = {
+        "batch id": plan.batch_id,
+        "mode": plan.mode,
+        "stream": plan.stream_name,
+        "consumer": plan.consumer_name,
+        "checkpoint table": plan.checkpoint_table or store.table_name,  # plans of earlier versions do not name it
+        "output location": plan.output_location,
+    }
+    problems = [f"{k}: the plan has {stored[k]!r}, this task has {v!r}" for k, v in expected.items() if stored[k] != v]
+    if not problems:
+        committed = {k: v.to_dict() for k, v in store.committed_checkpoints().items()}
+        if {k: v.to_dict() for k, v in plan.checkpoints.items()} != committed:
+            problems.append("checkpoints: the plan starts from checkpoints other than the committed ones")
+        for rng in plan.ranges:
+            known = plan.checkpoints.get(rng.shard_id)
+            sentinel_start = rng.start_checkpoint.position is None and (known is None or rng.shard_id in plan.trim_gaps)
+            if not (rng.start_checkpoint == known or sentinel_start) or rng.start != StartPosition.after(rng.start_checkpoint):
+                problems.append(f"shard {rng.shard_id}: the range starts at {rng.start}, not after its committed checkpoint {known}")
+    if problems:
+        raise PendingPlanMismatchError(
+            f"The pending plan of batch {pending_batch_id} in checkpoint table {store.table_name!r} is not what this task "
+            f"would plan: {'; '.join(problems)}. Nothing was read or written. If the task's settings changed, put them "
+            "back or drop the pending batch (kinesis-spark discard-pending); if nobody changed them, someone else wrote "
+            "the checkpoint table: check who can write it (docs/security.md).",
+            batch_id=pending_batch_id, differences=problems,
+        )  # fmt: skip
 
 
 def _gap_detail(gaps: Mapping[str, str]) -> str:

@@ -31,6 +31,7 @@ from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_t
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
     DataLossError,
+    PendingPlanMismatchError,
     ReportValidationError,
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
@@ -271,7 +272,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         self.validate()
         try:
             summary = self._run_batch(context)
-        except (CheckpointConflictError, ReportValidationError, DataLossError) as err:
+        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError) as err:
             # A retry cannot help: another writer won, the job disagrees with its plan, or
             # records would be lost. Fail without retries; nothing was committed.
             raise AirflowFailException(str(err)) from err

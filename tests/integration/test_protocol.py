@@ -27,6 +27,7 @@ from airflow_kinesis_spark.exceptions import (
     BatchLeaseHeldError,
     CheckpointConflictError,
     DataLossError,
+    PendingPlanMismatchError,
     ReportValidationError,
 )
 from demo.producer import put_aggregated, put_plain
@@ -292,3 +293,68 @@ def test_a_window_before_the_trim_horizon_is_loud(kinesis, unique_name):
         run_window(kinesis, job, window)
     allowed = run_window(kinesis, job, WindowSettings(**{**window.__dict__, "allow_data_loss": True}))
     assert allowed["status"] == "no_records" and "trim horizon" in allowed["trim_gap"] and not job.runs
+
+
+# -- stored state is checked, never trusted blindly ----------------------------------------------
+
+
+def _plant(kinesis, store, stream: str, **changes) -> BatchPlan:
+    """A pending plan written straight into the checkpoint table by someone else, as an attacker
+    with write access to the table (or a hand edit) would leave it."""
+    from dataclasses import replace
+
+    now = datetime.now(timezone.utc)
+    plan = plan_incremental(batch_id=1, stream_name=stream, consumer_name="lake", shards=list_shards(kinesis, stream),
+                            checkpoints={}, cutoff=now, now=now, output_location="mem://out/batch_id=1")  # fmt: skip
+    plan = replace(plan, **{"checkpoint_table": store.table_name, **changes})
+    store.begin(plan, "planted")
+    store.release(plan.batch_id, "planted")
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"stream_name": "another-stream"}, r"stream: the plan has 'another-stream'"),
+        ({"output_location": "/home/victim"}, r"output location: the plan has '/home/victim', this task has 'mem://out/batch_id=1'"),
+        ({"consumer_name": "other"}, r"consumer: the plan has 'other'"),
+        ({"checkpoint_table": "other_table"}, r"checkpoint table: the plan has 'other_table'"),
+    ],
+    ids=["stream", "output", "consumer", "table"],
+)
+def test_a_planted_pending_plan_fails_the_run_with_nothing_read_or_written(kinesis, store, unique_name, change, message):
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a")])
+    _plant(kinesis, store, unique_name, **change)
+    job = ReaderJob(kinesis)
+    before = store.head()
+    with pytest.raises(PendingPlanMismatchError, match=message):
+        run_incremental(kinesis, store, job, settings(unique_name), "run-1")
+    assert not job.runs and not job.output and store.head() == before  # nothing read, written or moved
+
+
+def test_a_planted_start_position_fails_the_run(kinesis, store, unique_name):
+    from dataclasses import replace
+
+    from airflow_kinesis_spark.core.ranges import StartPosition
+
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a"), ("k", b"b")])
+    (shard,) = list_shards(kinesis, unique_name)
+    now = datetime.now(timezone.utc)
+    honest = plan_incremental(batch_id=1, stream_name=unique_name, consumer_name="lake", shards=[shard], checkpoints={},
+                              cutoff=now, now=now, output_location="mem://out/batch_id=1")  # fmt: skip
+    skipping = replace(honest.ranges[0], start=StartPosition("AFTER_SEQUENCE_NUMBER", sequence_number="1"))
+    _plant(kinesis, store, unique_name, ranges=(skipping,))
+    job = ReaderJob(kinesis)
+    with pytest.raises(PendingPlanMismatchError, match=r"shard shardId-000000000000: the range starts at AFTER_SEQUENCE_NUMBER 1"):
+        run_incremental(kinesis, store, job, settings(unique_name), "run-1")
+    assert not job.runs
+
+
+def test_an_honest_pending_plan_is_reused(kinesis, store, unique_name):
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a")])
+    _plant(kinesis, store, unique_name)
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
+    assert summary["reused_plan"] and summary["status"] == "committed" and summary["records"] == 1
