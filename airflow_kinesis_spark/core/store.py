@@ -1,6 +1,7 @@
 """The checkpoint store: DynamoDB implementation of the batch log and the head pointer.
 
-Layout (one table, created on first use with on-demand billing; any number of consumers):
+Layout (one table, created on first use with on-demand billing, deletion protection and
+point-in-time recovery; any number of consumers):
 
 ====================================  =========================================================
 key (``pk``, ``sk``)                  item
@@ -54,6 +55,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from airflow_kinesis_spark.core.names import validate_table_name
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
@@ -75,6 +78,14 @@ CHUNK_CHARS = 350_000
 
 #: The batch log's TTL attribute (a number, epoch seconds; DynamoDB developer guide, "Using time to live").
 TTL_ATTRIBUTE = "expires_at"
+
+#: Seconds between ``UpdateContinuousBackups`` attempts on a new table whose continuous backups are
+#: not set up yet (``ContinuousBackupsUnavailableException``, DynamoDB API reference).
+BACKUPS_RETRY_SECONDS = 2.0
+
+# (endpoint, table) pairs whose protection settings this process has logged (see _log_protection).
+_logged_tables: set[tuple[str | None, str]] = set()
+_logged_tables_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,17 @@ def _now() -> str:
     return format_timestamp(datetime.now(timezone.utc))
 
 
+def _on_off(value: bool | None) -> str:
+    return "unknown" if value is None else ("on" if value else "off")
+
+
+def _error_code(err: Exception) -> str:
+    """An AWS error's code (``AccessDeniedException``), or the exception's class name."""
+    if isinstance(err, ClientError):
+        return str(err.response.get("Error", {}).get("Code") or type(err).__name__)
+    return type(err).__name__
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -156,19 +178,39 @@ class DynamoDBCheckpointStore:
     :param consumer_name: the consumer (application) name.
     :param keep_batches: batches of the batch log to keep, counted back from the committed one
         (itself included); at least 1. Default 100.
+    :param point_in_time_recovery: turn on point-in-time recovery (``UpdateContinuousBackups``)
+        when :meth:`ensure_table` creates the table. Default ``True``. A table that exists is never
+        changed.
+    :param deletion_protection: create the table with ``DeletionProtectionEnabled``: DynamoDB then
+        refuses ``DeleteTable`` until it is turned off (``UpdateTable``). Default ``True``. A table
+        that exists is never changed.
     :raises ValueError: an invalid table name, or ``keep_batches`` below 1.
-    :raises TypeError: ``keep_batches`` is not an ``int``.
+    :raises TypeError: ``keep_batches`` is not an ``int``, or ``point_in_time_recovery`` /
+        ``deletion_protection`` is not a ``bool``.
     """
 
     def __init__(
-        self, client: Any, table_name: str, stream_name: str, consumer_name: str, *, keep_batches: int = DEFAULT_KEEP_BATCHES
+        self,
+        client: Any,
+        table_name: str,
+        stream_name: str,
+        consumer_name: str,
+        *,
+        keep_batches: int = DEFAULT_KEEP_BATCHES,
+        point_in_time_recovery: bool = True,
+        deletion_protection: bool = True,
     ) -> None:
         if isinstance(keep_batches, bool) or not isinstance(keep_batches, int):
             raise TypeError(f"keep_batches must be an int (a number of batches); got {keep_batches!r}")
         if keep_batches < 1:
             raise ValueError(f"keep_batches must be >= 1 (the committed batch is always kept); got {keep_batches}")
+        for name, value in (("point_in_time_recovery", point_in_time_recovery), ("deletion_protection", deletion_protection)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool (True or False); got {value!r}")
         self.client = client
         self.keep_batches = keep_batches
+        self.point_in_time_recovery = point_in_time_recovery
+        self.deletion_protection = deletion_protection
         self.table_name = validate_table_name(table_name)
         self.stream_name = stream_name
         self.consumer_name = consumer_name
@@ -177,35 +219,58 @@ class DynamoDBCheckpointStore:
     # -- table ---------------------------------------------------------------------------------
 
     def ensure_table(self, wait_seconds: float = 120.0) -> None:
-        """Create the table (on-demand billing) if it does not exist, enable its TTL on
-        ``expires_at`` (the batch log's retention, see :meth:`_ensure_ttl`), then the head item.
+        """Create the table if it does not exist, enable its TTL on ``expires_at`` (the batch log's
+        retention, see :meth:`_ensure_ttl`), then the head item.
 
-        :param wait_seconds: how long to wait for the table to become ``ACTIVE``.
+        A table this call creates gets on-demand billing, deletion protection (CreateTable's
+        ``DeletionProtectionEnabled``, unless ``deletion_protection=False``) and, once it is
+        ``ACTIVE``, point-in-time recovery (unless ``point_in_time_recovery=False``; see
+        :meth:`_enable_point_in_time_recovery`: a failure there is a warning, not an error). A table
+        that exists, or that another process created at the same time, is left as its owner
+        configured it; its settings are logged at INFO once per process (see :meth:`_log_protection`).
+
+        :param wait_seconds: how long to wait for the table to become ``ACTIVE``; for a table this
+            call created, also how long to keep retrying ``UpdateContinuousBackups`` while DynamoDB
+            answers ``ContinuousBackupsUnavailableException`` (backups of a new table still being set up).
         :raises TimeoutError: if the table is not ``ACTIVE`` within ``wait_seconds``.
         """
+        created = False
         try:
-            status = self.client.describe_table(TableName=self.table_name)["Table"]["TableStatus"]
+            table = self.client.describe_table(TableName=self.table_name)["Table"]
         except self.client.exceptions.ResourceNotFoundException:
-            log.info("creating checkpoint table %s (on-demand billing)", self.table_name)
+            log.info(
+                "creating checkpoint table %s (on-demand billing, deletion protection %s, point-in-time recovery %s)",
+                self.table_name, _on_off(self.deletion_protection), _on_off(self.point_in_time_recovery),
+            )  # fmt: skip
+            request: dict[str, Any] = {
+                "TableName": self.table_name,
+                "AttributeDefinitions": [
+                    {"AttributeName": "pk", "AttributeType": "S"},
+                    {"AttributeName": "sk", "AttributeType": "S"},
+                ],
+                "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+                "BillingMode": "PAY_PER_REQUEST",
+            }
+            if self.deletion_protection:
+                # Only when asked for: DynamoDB's default is off, and emulators that predate the
+                # parameter then see the request they know.
+                request["DeletionProtectionEnabled"] = True
             try:
-                self.client.create_table(
-                    TableName=self.table_name,
-                    AttributeDefinitions=[
-                        {"AttributeName": "pk", "AttributeType": "S"},
-                        {"AttributeName": "sk", "AttributeType": "S"},
-                    ],
-                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-                    BillingMode="PAY_PER_REQUEST",
-                )
+                self.client.create_table(**request)
+                created = True
             except self.client.exceptions.ResourceInUseException:
-                pass  # created concurrently
-            status = "CREATING"
+                pass  # created concurrently: its creator configures it
+            table = {"TableStatus": "CREATING"}
         deadline = time.monotonic() + wait_seconds
-        while status != "ACTIVE":
+        while table["TableStatus"] != "ACTIVE":
             if time.monotonic() > deadline:
                 raise TimeoutError(f"checkpoint table {self.table_name} not ACTIVE after {wait_seconds}s")
             time.sleep(0.5)
-            status = self.client.describe_table(TableName=self.table_name)["Table"]["TableStatus"]
+            table = self.client.describe_table(TableName=self.table_name)["Table"]
+        if not created:
+            self._log_protection(table)
+        elif self.point_in_time_recovery:
+            self._enable_point_in_time_recovery(wait_seconds)
         self._ensure_ttl()
         try:
             self.client.put_item(
@@ -222,6 +287,70 @@ class DynamoDBCheckpointStore:
             )
         except self.client.exceptions.ConditionalCheckFailedException:
             pass
+
+    def _enable_point_in_time_recovery(self, wait_seconds: float) -> None:
+        """Turn on point-in-time recovery of the table this store just created.
+
+        ``UpdateContinuousBackups`` with ``PointInTimeRecoveryEnabled``. DynamoDB may answer
+        ``ContinuousBackupsUnavailableException`` for a short while after a table is created (its
+        continuous backups are still being set up; DynamoDB API reference): retried every
+        :data:`BACKUPS_RETRY_SECONDS` for up to ``wait_seconds``. Best effort otherwise: any other
+        error (e.g. a role without ``dynamodb:UpdateContinuousBackups``, or an emulator without the
+        action) is logged as a warning that names the action, and the run goes on without it.
+
+        :param wait_seconds: how long to keep retrying while backups are unavailable.
+        """
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                self.client.update_continuous_backups(
+                    TableName=self.table_name,
+                    PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True},
+                )
+                log.info("point-in-time recovery enabled on checkpoint table %s", self.table_name)
+                return
+            except self.client.exceptions.ContinuousBackupsUnavailableException as err:
+                if time.monotonic() + BACKUPS_RETRY_SECONDS > deadline:
+                    failure: Exception = err
+                    break
+                time.sleep(BACKUPS_RETRY_SECONDS)
+            except (ClientError, BotoCoreError) as err:
+                failure = err
+                break
+        log.warning(
+            "could not enable point-in-time recovery on the new checkpoint table %s (%s): the table works "
+            "without it, but cannot be restored to an earlier time. Grant dynamodb:UpdateContinuousBackups on "
+            "it and turn it on (UpdateContinuousBackups), or create stores with point_in_time_recovery=False "
+            "to not ask for it: %s", self.table_name, _error_code(failure), failure,
+        )  # fmt: skip
+
+    def _log_protection(self, table: Mapping[str, Any]) -> None:
+        """Log, at INFO and once per process and table, how a table this store did not create is protected.
+
+        Deletion protection comes from the ``DescribeTable`` answer at hand (``table``);
+        point-in-time recovery costs one ``DescribeContinuousBackups`` call. Nothing is changed. A
+        failed call (e.g. a role without ``dynamodb:DescribeContinuousBackups``) only makes the
+        logged status ``unknown``.
+
+        :param table: the table's description (``DescribeTable``'s ``Table``).
+        """
+        key = (getattr(getattr(self.client, "meta", None), "endpoint_url", None), self.table_name)
+        with _logged_tables_lock:
+            if key in _logged_tables:
+                return
+            _logged_tables.add(key)
+        flag = table.get("DeletionProtectionEnabled")
+        deletion = _on_off(flag if isinstance(flag, bool) else None)
+        try:
+            backups = self.client.describe_continuous_backups(TableName=self.table_name)["ContinuousBackupsDescription"]
+            status = str(backups.get("PointInTimeRecoveryDescription", {}).get("PointInTimeRecoveryStatus", "unknown"))
+            pitr = {"ENABLED": "on", "DISABLED": "off"}.get(status, status.lower())
+        except (ClientError, BotoCoreError) as err:
+            pitr = f"unknown (DescribeContinuousBackups: {_error_code(err)})"
+        log.info(
+            "checkpoint table %s exists, left as configured: deletion protection %s, point-in-time recovery %s",
+            self.table_name, deletion, pitr,
+        )  # fmt: skip
 
     def _ensure_ttl(self) -> None:
         """Enable the table's TTL on :data:`TTL_ATTRIBUTE` unless it is on already.

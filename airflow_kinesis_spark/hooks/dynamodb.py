@@ -27,11 +27,31 @@ class DynamoDBCheckpointHook(FailFastAwsHook):
         super().__init__(*args, **kwargs)
 
     def get_store(
-        self, table_name: str, stream_name: str, consumer_name: str, *, keep_batches: int = DEFAULT_KEEP_BATCHES
+        self,
+        table_name: str,
+        stream_name: str,
+        consumer_name: str,
+        *,
+        keep_batches: int = DEFAULT_KEEP_BATCHES,
+        point_in_time_recovery: bool = True,
+        deletion_protection: bool = True,
     ) -> DynamoDBCheckpointStore:
         """The checkpoint store of one (stream, consumer) in ``table_name``.
 
         :param keep_batches: batches of the batch log kept; older ones expire (DynamoDB TTL).
+        :param point_in_time_recovery: turn on point-in-time recovery when the store creates the
+            table (needs ``dynamodb:UpdateContinuousBackups``; without it, a warning). Default ``True``.
+        :param deletion_protection: create the table with deletion protection. Default ``True``.
+            Neither setting changes a table that exists (see docs/iam.md, "Protecting the checkpoint table").
         :raises ValueError: when ``table_name`` breaks DynamoDB's naming rules, or ``keep_batches`` < 1.
+        :raises TypeError: when ``point_in_time_recovery`` or ``deletion_protection`` is not a ``bool``.
         """
-        return DynamoDBCheckpointStore(self.conn, table_name, stream_name, consumer_name, keep_batches=keep_batches)
+        return DynamoDBCheckpointStore(
+            self.conn,
+            table_name,
+            stream_name,
+            consumer_name,
+            keep_batches=keep_batches,
+            point_in_time_recovery=point_in_time_recovery,
+            deletion_protection=deletion_protection,
+        )

@@ -102,6 +102,10 @@ def test_ensure_table_creates_on_demand_table_and_head(dynamodb, unique_name):
     assert table["TableStatus"] == "ACTIVE"
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     assert {k["AttributeName"]: k["KeyType"] for k in table["KeySchema"]} == {"pk": "HASH", "sk": "RANGE"}
+    # protected by default (the settings: tests/integration/test_store_protection.py)
+    assert table["DeletionProtectionEnabled"] is True
+    backups = dynamodb.describe_continuous_backups(TableName=unique_name)["ContinuousBackupsDescription"]
+    assert backups["PointInTimeRecoveryDescription"]["PointInTimeRecoveryStatus"] == "ENABLED"
     assert s.head() == Head()
     assert raw_head(s)["committed_batch_id"] == {"N": "0"}
 
