@@ -8,8 +8,17 @@ KINESALITE_VERSION := 3.3.3
 NODE_DIR := .cache/node
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+# The Spark job also runs on Spark 3.5 (EMR 7, Glue 5, Databricks LTS): tests/spark run a second
+# time in a small environment with pyspark 3.5 and only what those tests import (no Airflow),
+# locked in requirements-spark35.lock. Under .cache/ (ignored by git, removed by `make clean`).
+# pyspark 3.5 needs numpy < 2, and recent pyarrow needs numpy 2: pyarrow and pandas at the oldest
+# versions pyproject.toml allows (15, 2.1), which is also about what the managed 3.5 platforms ship.
+VENV35 := .cache/venv-spark35
+PY35 := $(VENV35)/bin/python
+SPARK35_REQUIREMENTS := 'pyspark==3.5.9' 'numpy<2' 'pandas>=2.1,<2.2' 'pyarrow>=15,<16' 'boto3>=1.34' 'aws-kinesis-agg>=1.2' \
+  'protobuf>=4.21' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
 
-.PHONY: bench venv lock demo demo-resharding demo-backfill test test-fast test-reliability kinesalite java postgres docs clean
+.PHONY: bench venv venv-spark35 lock demo demo-resharding demo-backfill test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -25,10 +34,27 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 venv: $(VENV)/.installed java
 
-# Regenerate the lock file after changing dependencies in pyproject.toml.
+# Regenerate the lock files after changing dependencies in pyproject.toml (or SPARK35_REQUIREMENTS).
+# The dev environment has every extra. pyspark and pyspark-client (pulled in by the apache-spark
+# provider) ship the same files: the lock must hold them at one version (checked here).
 lock:
 	test -x $(VENV)/bin/uv || ($(PYTHON) -m venv $(VENV) && $(PY) -m pip install --quiet "uv==$(UV_VERSION)")
-	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra openlineage --extra docs --python-version 3.11 --no-header --generate-hashes -o requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra spark --extra connect --extra test --extra openlineage --extra docs \
+	  --python-version 3.11 --no-header --generate-hashes --quiet -o requirements.lock
+	@pyspark=$$(sed -n 's/^pyspark==\([^ ]*\).*/\1/p' requirements.lock); \
+	  client=$$(sed -n 's/^pyspark-client==\([^ ]*\).*/\1/p' requirements.lock); \
+	  test "$$pyspark" = "$$client" || { echo "requirements.lock: pyspark $$pyspark but pyspark-client $$client (pin them together in pyproject.toml)"; exit 1; }
+	printf '%s\n' $(SPARK35_REQUIREMENTS) | $(VENV)/bin/uv pip compile - --python-version 3.11 --no-header --generate-hashes --quiet -o requirements-spark35.lock
+
+$(VENV35)/.installed: requirements-spark35.lock pyproject.toml | $(VENV)/.installed
+	test -x $(PY35) || $(PYTHON) -m venv --without-pip $(VENV35)
+	$(VENV)/bin/uv pip install --quiet --python $(PY35) -r requirements-spark35.lock
+	# the job's executors import airflow_kinesis_spark (core, transforms) from this checkout
+	$(VENV)/bin/uv pip install --quiet --python $(PY35) --no-deps -e .
+	$(PY35) -m compileall -q -j 0 $(VENV35)/lib > /dev/null || true
+	touch $@
+
+venv-spark35: $(VENV35)/.installed java
 
 # PySpark needs Java 17+; install it from the distribution's packages when missing.
 java:
@@ -64,8 +90,14 @@ demo-backfill: venv
 demo-resharding: venv kinesalite
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m demo.run_resharding
 
-test: venv kinesalite postgres
+test: venv venv-spark35 kinesalite postgres
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-spark35
+
+# The PySpark job's tests (tests/spark) on Spark 3.5; `make test` runs them on Spark 4 and then here.
+test-spark35: venv-spark35
+	PYSPARK_PYTHON=$(abspath $(PY35)) PYSPARK_DRIVER_PYTHON=$(abspath $(PY35)) $(PY35) -m pytest -q \
+	  -W "ignore:The distutils package is deprecated:DeprecationWarning" tests/spark
 
 # The reliability suite alone (crash points, 50 seeded random kills, faults, concurrency, bad input).
 test-reliability: venv kinesalite

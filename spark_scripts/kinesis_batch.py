@@ -278,13 +278,37 @@ def _write_quarantine(rows: Any, location: str) -> None:
     ).write.mode("overwrite").parquet(f"{location}/{QUARANTINE_DIR}")  # fmt: skip
 
 
+# Spark 3.5 and 4 compatibility of the one-pass job's observed metric (the only Spark API the job
+# uses whose behaviour differs between the two lines):
+# * classic 3.5 hands an observed metric's value back as py4j sees it, so a list (``collect_list``)
+#   arrives as a Java object; 4.x converts it to Python. The metric is therefore one string, the
+#   JSON array of the report rows, which every version returns as a Python ``str``.
+# * a Spark Connect client before 4.0 sends the metric's plan node but cannot read the value back
+#   (its ``Observation.get`` only knows classic sessions): :func:`run` then takes the cached path.
+
+
+def _is_spark_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (not a classic, JVM-backed one)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def observation_supported(spark: Any) -> bool:
+    """Whether an observed metric of a write can be read back on ``spark``: on classic sessions
+    always; over Spark Connect from pyspark 4.0 on."""
+    if not _is_spark_connect(spark):
+        return True
+    import pyspark
+
+    return int(pyspark.__version__.split(".")[0]) >= 4
+
+
 def _observed(df: Any, name: str) -> tuple[Any, Any]:
-    """``df`` with its report rows collected as an observed metric named ``name``."""
+    """``df`` with its report rows observed as a metric named ``name``: one JSON array (a string)."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     observation = Observation(name)
-    return df.observe(observation, F.collect_list("_report").alias("reports")), observation
+    return df.observe(observation, F.to_json(F.collect_list("_report")).alias("reports")), observation
 
 
 def _observed_reports(observation: Any, data: Any, name: str) -> list[str]:
@@ -293,7 +317,10 @@ def _observed_reports(observation: Any, data: Any, name: str) -> list[str]:
     if jdf is not None and f"CollectMetrics {name}" not in jdf.queryExecution().optimizedPlan().toString():
         # Classic Spark waits forever for a metric whose plan node the optimizer removed.
         raise RuntimeError("the transform's result does not depend on the records read; no report was observed")
-    return list(observation.get["reports"])
+    value = observation.get["reports"]
+    if not isinstance(value, str):
+        raise TypeError(f"observed metric {name}: expected the report rows as one JSON string, got {type(value).__name__}")
+    return list(json.loads(value))
 
 
 def run_one_pass(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
@@ -349,7 +376,9 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
     """Read, write and report one batch; returns the report document.
 
     :param options: the readers' settings, as :func:`reader_options` builds them; with
-        ``records_expected`` the batch is read and written in one pass (:func:`run_one_pass`).
+        ``records_expected`` the batch is read and written in one pass (:func:`run_one_pass`),
+        except over a Spark Connect client older than 4.0 (see :func:`observation_supported`),
+        where it is read through the cache and must still hold a user record.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -357,8 +386,12 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
     # Also over Spark Connect, where the session is the server's: UTC and standard Parquet timestamps.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    if options.get("records_expected"):
+    one_pass = bool(options.get("records_expected"))
+    if one_pass and observation_supported(spark):
         return run_one_pass(spark, plan, transform, aws_env, options)
+    if one_pass:
+        log.info("batch %s: this Spark Connect client (pyspark < 4) cannot read observed metrics: "
+                 "reading through a cache instead of in one pass", plan["batch_id"])  # fmt: skip
     started = time.monotonic()
     raw = read_batch(spark, plan, aws_env, options).persist(StorageLevel.DISK_ONLY)
     try:
@@ -367,6 +400,9 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
         read_seconds = time.monotonic() - started
         records = sum(r["records"] for r in reports)
         quarantined = sum(r.get("quarantined", 0) for r in reports)
+        if one_pass and records == 0:
+            raise RuntimeError(f"batch {plan['batch_id']}: the read found no user record although the operator's probes "
+                               "saw one; nothing is written or committed")  # fmt: skip
         location = plan["output_location"]
         rows = raw.where(F.col("_report").isNull()).drop("_report")
         if records > 0:

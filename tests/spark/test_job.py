@@ -1,4 +1,4 @@
-"""The PySpark job in-process: mapInArrow reading, output schema, transform, empty batches."""
+"""The PySpark job, in-process and under spark-submit: mapInArrow reading, output schema, transform, empty batches."""
 
 from __future__ import annotations
 
@@ -170,3 +170,63 @@ def test_default_parallelism_when_the_conf_does_not_say(spark):
 
     assert job.default_parallelism(ConnectLike()) == spark.sparkContext.defaultParallelism
     assert job.default_parallelism(spark) == spark.sparkContext.defaultParallelism
+
+
+def test_observed_metrics_are_read_back_on_classic_sessions_and_spark_connect_4(spark):
+    import pyspark
+
+    assert job.observation_supported(spark)  # a classic session, Spark 3.5 and 4
+    # A session of the Spark Connect client (its class lives in pyspark.sql.connect.session)
+    # reads observed metrics back from pyspark 4.0 on only.
+    assert importlib.util.find_spec("pyspark.sql.connect.session") is not None
+    connect_session = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})()
+    assert job.observation_supported(connect_session) is (int(pyspark.__version__.split(".")[0]) >= 4)
+
+
+def test_one_pass_falls_back_to_the_cached_read_where_observed_metrics_cannot_be_read(
+    spark, kinesis, moto_endpoint, unique_name, tmp_path, monkeypatch
+):
+    """What a Spark Connect 3.5 client does: the same output and reports, and the same loud
+    failure when the probes' user record is not there."""
+    monkeypatch.setattr(job, "observation_supported", lambda session: False)
+    create_stream(kinesis, unique_name, 2)
+    produced = put_plain(kinesis, unique_name, [(f"k{i}", f"plain {i}".encode()) for i in range(60)])
+    plan = _plan(kinesis, unique_name, tmp_path)
+    result = job.run(spark, plan, None, _aws_env(moto_endpoint), ONE_PASS)
+    assert result["records"] == 60 and [r["shard_id"] for r in result["reports"]] == [r["shard_id"] for r in plan["ranges"]]
+    df = spark.read.parquet(result["output_location"])
+    assert verify(produced, [(r.shard_id, r.sequence_number, r.sub_sequence_number, r.partition_key, bytes(r.data)) for r in df.collect()]).ok
+    with pytest.raises(RuntimeError, match="found no user record although the operator's probes saw one"):
+        early = datetime.now(timezone.utc) - timedelta(minutes=5)  # before every record
+        job.run(spark, _plan(kinesis, unique_name, tmp_path / "early", early), None, _aws_env(moto_endpoint), ONE_PASS)
+
+
+@pytest.mark.slow
+def test_the_job_runs_under_spark_submit(kinesis, moto_endpoint, unique_name, tmp_path):
+    """The job as the spark-submit runner starts it (its own driver JVM, the installed pyspark's
+    spark-submit): one pass, credentials from the environment, the report file."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    create_stream(kinesis, unique_name, 2)
+    produced = put_plain(kinesis, unique_name, [(f"k{i}", f"plain {i}".encode()) for i in range(80)])
+    plan = _plan(kinesis, unique_name, tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    spark_submit = Path(sys.executable).parent / "spark-submit"  # installed with pyspark
+    env = {**os.environ, **_aws_env(moto_endpoint), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    proc = subprocess.run(
+        [str(spark_submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(ROOT / "spark_scripts" / "kinesis_batch.py"),
+         "--plan-file", str(tmp_path / "plan.json"), "--report-file", str(tmp_path / "report.json"),
+         "--records-expected", "--min-call-interval", "0"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "report.json").read_text())
+    assert result["records"] == 80 and len(result["reports"]) == 2
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(result["output_location"])
+    rows = list(zip(*(table.column(c).to_pylist() for c in ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"))))
+    assert verify(produced, rows).ok
