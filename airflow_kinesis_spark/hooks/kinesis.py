@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from urllib.parse import urlparse
 from functools import cached_property
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFactory
+from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.names import validate_stream_name
 from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
+
+#: Default lifetime of the Spark job's temporary credentials (seconds). A batch that reads
+#: longer fails with expired credentials and its retry re-uses the plan; raise it for long batches.
+JOB_CREDENTIALS_SECONDS = 3600
+#: The shortest lifetime STS grants (AssumeRole, GetFederationToken: 900 s, STS API reference).
+STS_MIN_SECONDS = 900
+_UNSCOPED_WARNED: list[bool] = []
 
 __all__ = ["FailFastAwsHook", "KinesisStreamHook", "validate_stream_name"]
 
@@ -99,24 +110,16 @@ class KinesisStreamHook(FailFastAwsHook):
         """
         return describe_stream_summary(self.conn, validate_stream_name(stream_name))
 
-    def spark_environment(self, include_credentials: bool = True) -> dict[str, str]:
-        """Environment variables that give the Spark job this connection's access to Kinesis.
+    def spark_environment(self, credentials: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment variables that give the Spark job access to Kinesis.
 
-        Shape: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN`` (temporary
-        credentials only), ``AWS_DEFAULT_REGION`` and ``AWS_ENDPOINT_URL_KINESIS`` (when the
-        connection sets an endpoint). These are passed to spark-submit's environment, never its
-        command line.
-
-        :param include_credentials: leave the credentials out (the cluster uses its own role).
+        Shape: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN`` (from
+        ``credentials``, as :meth:`job_credentials` returns them; none when ``None``: the job
+        uses its cluster's own role), ``AWS_DEFAULT_REGION`` and ``AWS_ENDPOINT_URL_KINESIS`` (when
+        the connection sets an endpoint). These are passed to spark-submit's environment, never
+        its command line.
         """
-        env: dict[str, str] = {}
-        if include_credentials:
-            credentials = self.get_credentials()
-            if credentials.access_key:
-                env["AWS_ACCESS_KEY_ID"] = credentials.access_key
-                env["AWS_SECRET_ACCESS_KEY"] = credentials.secret_key
-            if credentials.token:
-                env["AWS_SESSION_TOKEN"] = credentials.token
+        env: dict[str, str] = dict(credentials or {})
         region = self.conn_region_name or self.conn.meta.region_name
         if region:
             env["AWS_DEFAULT_REGION"] = region
@@ -124,3 +127,127 @@ class KinesisStreamHook(FailFastAwsHook):
         if endpoint:
             env["AWS_ENDPOINT_URL_KINESIS"] = endpoint
         return env
+
+    def connection_credentials(self) -> dict[str, str]:
+        """The connection's own credentials as environment variables (unscoped)."""
+        credentials = self.get_credentials()
+        env: dict[str, str] = {}
+        if credentials.access_key:
+            env["AWS_ACCESS_KEY_ID"] = credentials.access_key
+            env["AWS_SECRET_ACCESS_KEY"] = credentials.secret_key
+        if credentials.token:
+            env["AWS_SESSION_TOKEN"] = credentials.token
+        return env
+
+    def job_credentials(
+        self, stream_name: str, *, output_location: str | None = None, duration_seconds: int = JOB_CREDENTIALS_SECONDS
+    ) -> dict[str, str]:
+        """Short-lived credentials for a batch's Spark job, limited to reading one stream.
+
+        A session policy (:func:`job_session_policy`) allows only ``GetShardIterator``,
+        ``GetRecords``, ``ListShards`` and ``DescribeStreamSummary`` on ``stream_name`` (and
+        ``kms:Decrypt`` through Kinesis, for encrypted streams), and, for an ``s3://`` / ``s3a://``
+        ``output_location``, writing that one batch directory (Spark's S3 connector reads the same
+        credentials). The connection's long-lived keys never leave the worker:
+
+        * a connection with ``role_arn``: ``AssumeRole`` of that role, from the connection's base
+          credentials, with the session policy;
+        * long-lived keys (an IAM user): ``GetFederationToken`` with the session policy;
+        * temporary credentials and no role to assume (an instance profile, IRSA, a role the
+          worker already runs as): STS cannot scope them further; they are shipped as they are,
+          and a warning says so (once per process).
+
+        :param duration_seconds: lifetime, at least 900 (the STS minimum, STS API reference).
+        :returns: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``.
+        :raises RuntimeError: STS refused (names the IAM action to allow, and the operator's
+            ``job_credentials`` to choose otherwise).
+        """
+        stream_name = validate_stream_name(stream_name)
+        region = self.conn_region_name or self.conn.meta.region_name
+        policy = json.dumps(job_session_policy(stream_name, region, self.conn.meta.partition, output_location=output_location))
+        duration = max(STS_MIN_SECONDS, int(duration_seconds))
+        role_arn = self.conn_config.role_arn
+        try:
+            if role_arn:
+                base = SessionFactory(conn=self.conn_config, region_name=self.region_name, config=self.config).basic_session
+                sts = base.client("sts", endpoint_url=self.conn_config.get_service_endpoint_url("sts", sts_connection_assume=True),
+                                  config=self.config, verify=self.verify)  # fmt: skip
+                answer = sts.assume_role(RoleArn=role_arn, RoleSessionName="airflow-kinesis-spark-job", Policy=policy,
+                                         DurationSeconds=duration)["Credentials"]  # fmt: skip
+                how = f"AssumeRole of {role_arn}"
+            elif not self.get_credentials().token:
+                sts = self.get_session(region_name=self.region_name).client(
+                    "sts", endpoint_url=self.conn_config.get_service_endpoint_url("sts"), config=self.config, verify=self.verify
+                )
+                answer = sts.get_federation_token(Name="airflow-kinesis-spark", Policy=policy, DurationSeconds=duration)["Credentials"]
+                how = "GetFederationToken"
+            else:
+                if not _UNSCOPED_WARNED:
+                    _UNSCOPED_WARNED.append(True)
+                    self.log.warning(
+                        "The Spark job gets this worker's temporary credentials unscoped: they are already a role's "
+                        "session and %s has no role_arn to assume with a session policy. Set role_arn on the connection "
+                        "to give the job credentials limited to reading stream %r.", self.connection_description, stream_name,
+                    )  # fmt: skip
+                return self.connection_credentials()
+        except ClientError as err:
+            action = "sts:AssumeRole on " + role_arn if role_arn else "sts:GetFederationToken"
+            raise RuntimeError(
+                f"Could not get scoped credentials for the Spark job from STS ({err.response.get('Error', {}).get('Code')}): "
+                f"allow {action} to {self.connection_description}, or choose job_credentials='connection' (ship the "
+                "connection's own credentials) or 'none' (the cluster's own role) on the operator."
+            ) from err
+        self.log.info("The Spark job gets temporary credentials (%s, %d s) limited to reading stream %s", how, duration, stream_name)
+        return {"AWS_ACCESS_KEY_ID": answer["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": answer["SecretAccessKey"],
+                "AWS_SESSION_TOKEN": answer["SessionToken"]}  # fmt: skip
+
+
+def job_session_policy(
+    stream_name: str, region: str | None, partition: str = "aws", *, output_location: str | None = None
+) -> dict[str, Any]:
+    """The session policy of a job's credentials: read ``stream_name``, write the batch's output.
+
+    Shape: an IAM policy document (dict). Actions: ``kinesis:GetShardIterator``,
+    ``kinesis:GetRecords``, ``kinesis:ListShards``, ``kinesis:DescribeStreamSummary`` on the
+    stream's ARN (any account: the role's own policy names the account), ``kms:Decrypt`` only
+    through Kinesis in the region (encrypted streams, Kinesis developer guide); for an S3
+    ``output_location`` (``s3://`` or ``s3a://``): ``s3:GetObject``, ``s3:PutObject``,
+    ``s3:DeleteObject``, ``s3:AbortMultipartUpload`` under that directory, ``s3:ListBucket`` on its
+    bucket, and ``kms:GenerateDataKey``/``kms:Decrypt`` through S3 (SSE-KMS buckets).
+    """
+    region = region or "*"
+    statements: list[dict[str, Any]] = []
+    parsed = urlparse(output_location or "")
+    if parsed.scheme in ("s3", "s3a", "s3n") and parsed.netloc:
+        prefix = parsed.path.strip("/")
+        statements += [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                "Resource": [f"arn:{partition}:s3:::{parsed.netloc}/{prefix}", f"arn:{partition}:s3:::{parsed.netloc}/{prefix}/*"],
+            },
+            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:{partition}:s3:::{parsed.netloc}"]},
+            {
+                "Effect": "Allow",
+                "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
+                "Resource": "*",
+                "Condition": {"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}},
+            },
+        ]
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": ["kinesis:GetShardIterator", "kinesis:GetRecords", "kinesis:ListShards", "kinesis:DescribeStreamSummary"],
+                "Resource": [f"arn:{partition}:kinesis:{region}:*:stream/{stream_name}"],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt"],
+                "Resource": "*",
+                "Condition": {"StringEquals": {"kms:ViaService": f"kinesis.{region}.amazonaws.com"}},
+            },
+            *statements,
+        ],
+    }

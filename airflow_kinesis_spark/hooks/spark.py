@@ -22,10 +22,13 @@ is imported, so a worker that only plans and commits needs neither.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import importlib.util
+import ipaddress
 import json
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -64,8 +67,24 @@ SPARK_SCRIPT = "kinesis_batch.py"
 CONNECT_ENV_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 #: Seconds a Spark Connect server has to accept the gRPC channel (PySpark's own retries take minutes).
 CONNECT_READY_TIMEOUT = 10.0
-#: Namespace of the Spark Connect session ids derived from a consumer (uuid5).
-CONNECT_SESSION_NAMESPACE = uuid.UUID("6d2f3c1e-8a4b-4f0e-9c57-1b2a3d4e5f60")
+#: ``spark_connect`` connection extra: a secret (string) that keys the reusable session ids, shared
+#: by the workers that should reuse each other's sessions. Without it, each worker keeps its own
+#: secret in :func:`worker_secret_path`.
+SESSION_SECRET_EXTRA = "session_secret"
+#: ``spark_connect`` connection extra that allows sending credentials to a non-loopback server
+#: over plaintext gRPC (only for a network you trust: anyone on the path can read them).
+ALLOW_INSECURE_EXTRA = "allow_insecure_credentials"
+#: Spark conf defaults of a local master: no UI (it would listen on every interface, with links
+#: that kill jobs); with ``spark.ui.enabled`` set back on, it serves the driver's host only.
+LOCAL_UI_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.killEnabled": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+#: What the job's AWS credentials may be: temporary and scoped to the stream (default), the
+#: connection's own, or none (the cluster's own role: instance profile, IRSA, EMR execution role).
+JOB_CREDENTIALS = ("scoped", "connection", "none")
 #: Session conf holding the digest of the artifacts a reused Spark Connect session already has.
 ARTIFACTS_CONF = "spark.airflow_kinesis_spark.artifacts_sha256"
 
@@ -98,19 +117,6 @@ def core_zip(directory: str) -> str:
     return str(target)
 
 
-def _die_with_parent() -> None:
-    """In the spark-submit child: get SIGKILL when this worker process dies (Linux PR_SET_PDEATHSIG).
-
-    A worker killed hard (OOM killer, ``kill -9``) would otherwise leave a local or client-mode
-    Spark job running, which could write the batch's output after a retry started writing it.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-
-
 @dataclass
 class SparkJobSettings:
     """What every runner needs besides the plan.
@@ -120,6 +126,11 @@ class SparkJobSettings:
     :param read_options: the readers' settings.
     :param spark_conf: extra Spark conf (spark-submit ``--conf``).
     :param py_files: extra ``--py-files`` / Connect artifacts (comma-separated).
+    :param reuse_connect_session: over Spark Connect, keep one server session per consumer across
+        batches (its id keyed by this worker's secret, see :func:`connect_session_id`).
+    :param job_credentials: what AWS credentials the job gets (:data:`JOB_CREDENTIALS`):
+        ``scoped`` (default: temporary, limited to reading the stream), ``connection`` (the
+        connection's own) or ``none`` (the cluster's own role).
     """
 
     spark_conn_id: str
@@ -129,6 +140,24 @@ class SparkJobSettings:
     spark_conf: dict[str, Any] = field(default_factory=dict)
     py_files: str | None = None
     reuse_connect_session: bool = True
+    job_credentials: str = "scoped"
+
+    def __post_init__(self) -> None:
+        if self.job_credentials not in JOB_CREDENTIALS:
+            raise ValueError(f"job_credentials must be one of {', '.join(JOB_CREDENTIALS)}; got {self.job_credentials!r}")
+
+    def aws_environment(self, plan: BatchPlan, *, cluster_role: bool = False) -> dict[str, str]:
+        """The job's AWS environment: region, endpoint and, unless the job uses its cluster's own
+        role (``job_credentials='none'``, or ``cluster_role``), credentials: scoped to the plan's
+        stream (``'scoped'``, :meth:`KinesisStreamHook.job_credentials`) or the connection's own
+        (``'connection'``)."""
+        if cluster_role or self.job_credentials == "none":
+            return self.kinesis_hook.spark_environment(None)
+        if self.job_credentials == "connection":
+            return self.kinesis_hook.spark_environment(self.kinesis_hook.connection_credentials())
+        return self.kinesis_hook.spark_environment(
+            self.kinesis_hook.job_credentials(plan.stream_name, output_location=plan.output_location)
+        )
 
 
 def describe(plan: BatchPlan) -> str:
@@ -159,7 +188,9 @@ class SparkSubmitJob:
     through spark-submit's environment, never its command line: on YARN and Kubernetes, where
     the provider turns the environment into ``--conf`` options, none are passed and the
     cluster's own role is used. The spark-submit process dies with this worker
-    (``PR_SET_PDEATHSIG``), and :meth:`kill` stops it through the hook's ``on_kill``.
+    (:mod:`airflow_kinesis_spark.die_with_parent`), and :meth:`kill` stops it through the hook's
+    ``on_kill``. On a local master the Spark UI is off and its kill links disabled (set
+    ``spark.ui.enabled`` in ``spark_conf`` to turn it back on; it then binds to the driver's host).
     """
 
     def __init__(self, settings: SparkJobSettings) -> None:
@@ -176,7 +207,7 @@ class SparkSubmitJob:
             self._hook = self._build_hook(plan, plan_file, report_file, core_zip(tmp), records_expected)
             log.info("Submitting the Spark job of %s (%d shard ranges)", describe(plan), len(plan.ranges))
             try:
-                self._hook.submit(application=spark_script_path(), preexec_fn=_die_with_parent)
+                self._hook.submit(application=spark_script_path())
             except Exception as err:
                 raise RuntimeError(
                     f"The Spark job of {describe(plan)} failed: {err} (spark connection "
@@ -203,16 +234,24 @@ class SparkSubmitJob:
         name = f"kinesis-batch-{plan.stream_name}-{plan.consumer_name}-{plan.batch_id}"
         from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 
-        def build(env: dict[str, str] | None) -> Any:
-            return BatchSparkSubmitHook(conf=dict(s.spark_conf), conn_id=s.spark_conn_id, py_files=py_files,
-                              application_args=args, env_vars=env, name=name)  # fmt: skip
+        conf = dict(s.spark_conf)
 
+        def build(env: dict[str, str] | None) -> Any:
+            return BatchSparkSubmitHook(conf=conf, conn_id=s.spark_conn_id, py_files=py_files,
+                                        application_args=args, env_vars=env, name=name)  # fmt: skip
+
+        probe = build(None)
+        local = str(probe._connection.get("master") or "").startswith("local")
+        if local:
+            conf = {**LOCAL_UI_CONF, **conf}  # the DAG author's spark_conf wins
         # On YARN and Kubernetes the provider turns env_vars into --conf options on the command
         # line; credentials must not go there, so the cluster's own role is used instead.
-        on_command_line = build(None).env_goes_on_command_line
+        on_command_line = probe.env_goes_on_command_line
         if on_command_line:
             log.info("Spark master is YARN/Kubernetes: the job uses the cluster's AWS credentials")
-        env = s.kinesis_hook.spark_environment(include_credentials=not on_command_line)
+        env = s.aws_environment(plan, cluster_role=on_command_line)
+        if local:
+            env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver (and a UI turned back on) listen on loopback only
         env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
         venv_bin = Path(sys.executable).parent
         if not on_command_line and not shutil.which("spark-submit") and (venv_bin / "spark-submit").exists():
@@ -265,6 +304,73 @@ def check_spark_connect(url: str, conn_id: str) -> None:
         channel.close()
 
 
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_connect_transport(url: str, conn_id: str, *, allow_insecure: bool = False) -> None:
+    """Refuse to send credentials to a Spark Connect server over plaintext gRPC off this machine.
+
+    Allowed: TLS (``use_ssl`` or a token in the connection, PySpark then uses a secure channel),
+    a loopback server (``127.0.0.0/8``, ``::1``, ``localhost``), or the connection's extra
+    ``allow_insecure_credentials: true``.
+
+    :raises ValueError: naming the connection, the server (never the token) and the fix.
+    """
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    builder = DefaultChannelBuilder(url)
+    if builder.secure or _is_loopback(builder.host) or allow_insecure:
+        return
+    raise ValueError(
+        f"Refusing to send AWS credentials to the Spark Connect server sc://{builder.endpoint} of connection "
+        f"{conn_id!r} over plaintext gRPC: anyone on the network path could read them. Set the connection's extra "
+        "'use_ssl': true (the server or a proxy in front of it must speak TLS), or run the job with "
+        "job_credentials='none' (the server's own role). Only on a network you trust: extra "
+        f"'{ALLOW_INSECURE_EXTRA}': true."
+    )
+
+
+def worker_secret_path() -> Path:
+    """Where this worker keeps the secret that keys its reusable Spark Connect session ids:
+    ``$AIRFLOW_KINESIS_SPARK_STATE_DIR/connect_session.key``, default under ``~/.cache``."""
+    base = os.environ.get("AIRFLOW_KINESIS_SPARK_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "airflow_kinesis_spark")
+    return Path(base) / "connect_session.key"
+
+
+def session_secret(configured: str | None = None) -> bytes:
+    """The secret that keys reusable session ids: the connection's ``session_secret`` extra, else
+    this worker's own, made on first use (32 random bytes, file mode 0600)."""
+    if configured:
+        return str(configured).encode()
+    path = worker_secret_path()
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        secret = secrets.token_bytes(32)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # made concurrently by another task on this worker
+            return path.read_bytes()
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secret)
+        return secret
+
+
+def connect_session_id(secret: bytes, scope: str, stream_name: str, consumer_name: str) -> str:
+    """The reusable Spark Connect session id of a consumer: a UUID from HMAC-SHA256 keyed by
+    ``secret`` over scope, stream and consumer. Without the secret it cannot be derived, so no
+    other client can pre-create or join the session (the server accepts any id a client names)."""
+    digest = hmac.new(secret, f"{scope}/{stream_name}/{consumer_name}".encode(), hashlib.sha256).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=4))
+
+
 def _load_job_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("airflow_kinesis_spark_batch_job", spark_script_path())
     job = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
@@ -281,8 +387,10 @@ class SparkConnectJob:
     or a log line. PySpark marks the whole process as a Connect client in ``os.environ``; that
     is undone after the run, so a later spark-submit from this process is not affected.
 
-    With ``reuse_connect_session`` the session id is derived from the stream and the consumer,
-    and the session is not released when the run ends: the next batch of this consumer finds its
+    Credentials go to the server only over TLS (or to a loopback server), see
+    :func:`check_connect_transport`. With ``reuse_connect_session`` the session id is keyed by a
+    secret (:func:`connect_session_id`): no other client can guess it, so none can pre-create or
+    join it to plant an artifact; and the session is not released when the run ends: the next batch of this consumer finds its
     artifacts and warm Python workers on the server (the artifacts' digest is kept in the
     session's conf). A session the server no longer accepts (expired, released, or holding other
     artifacts) is left to the server and this run uses a new one, released at its end.
@@ -292,6 +400,7 @@ class SparkConnectJob:
         self.settings = settings
         self.session_scope = session_scope
         self._spark: Any = None
+        self._secret = b""
 
     def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
         """:raises RuntimeError: the job failed; :raises EndpointUnreachableError: no server."""
@@ -303,7 +412,14 @@ class SparkConnectJob:
         s = self.settings
         job = _load_job_module()
         transform = resolve_transform(s.transform) if s.transform else None
-        url = SparkConnectHook(conn_id=s.spark_conn_id).get_connection_url()
+        connect_hook = SparkConnectHook(conn_id=s.spark_conn_id)
+        url = connect_hook.get_connection_url()
+        extra = connect_hook.get_connection(s.spark_conn_id).extra_dejson
+        if s.job_credentials != "none":  # before any credential is even made
+            check_connect_transport(url, s.spark_conn_id, allow_insecure=bool(extra.get(ALLOW_INSECURE_EXTRA)))
+        aws_env = s.aws_environment(plan)
+        if s.reuse_connect_session:
+            self._secret = session_secret(extra.get(SESSION_SECRET_EXTRA))
         log.info("Running the Spark job of %s over Spark Connect (%d shard ranges)", describe(plan), len(plan.ranges))
         check_spark_connect(url, s.spark_conn_id)
         saved = {k: os.environ.get(k) for k in CONNECT_ENV_VARS}
@@ -311,7 +427,7 @@ class SparkConnectJob:
             with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:
                 artifacts = [core_zip(tmp), *filter(None, (s.py_files or "").split(","))]
                 self._spark = self._session(SparkSession, url, plan, artifacts)
-                result = job.run(self._spark, plan.to_dict(), transform, s.kinesis_hook.spark_environment(),
+                result = job.run(self._spark, plan.to_dict(), transform, aws_env,
                                  s.read_options.job_options(records_expected))  # fmt: skip
         except Exception as err:
             raise RuntimeError(
@@ -338,7 +454,7 @@ class SparkConnectJob:
 
     def _session(self, session_cls: Any, url: str, plan: BatchPlan, artifacts: list[str]) -> Any:
         if self.settings.reuse_connect_session:
-            session_id = str(uuid.uuid5(CONNECT_SESSION_NAMESPACE, f"{self.session_scope}/{plan.stream_name}/{plan.consumer_name}"))
+            session_id = connect_session_id(self._secret, self.session_scope, plan.stream_name, plan.consumer_name)
             spark = None
             try:
                 spark = session_cls.builder.remote(with_session_id(url, session_id)).getOrCreate()
@@ -350,13 +466,14 @@ class SparkConnectJob:
                     spark.conf.set(ARTIFACTS_CONF, digest)
                 return spark
             except Exception as err:  # noqa: BLE001 - any refusal: fall back to a new session
-                log.info("Spark Connect session %s not reusable (%s); starting a new one", session_id, err)
+                log.info("The consumer's Spark Connect session is not reusable (%s); starting a new one", err)
                 if spark is not None:
                     # Close this client only: the server session may serve another run of the
                     # consumer (a window re-run) right now, so it is not released.
                     spark.release_session_on_close = False
                     spark.stop()
-        spark = session_cls.builder.remote(url).getOrCreate()
+        # A new session: a random id no other client can guess, released at the end of the run.
+        spark = session_cls.builder.remote(with_session_id(url, str(uuid.uuid4()))).getOrCreate()
         for artifact in artifacts:
             spark.addArtifacts(artifact, pyfile=True)
         return spark

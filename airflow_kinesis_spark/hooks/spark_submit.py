@@ -6,6 +6,8 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+from airflow_kinesis_spark import die_with_parent
+
 __all__ = ["BatchSparkSubmitHook"]
 
 
@@ -25,6 +27,11 @@ class BatchSparkSubmitHook(SparkSubmitHook):
             self.log.info("Connection %r not found: running Spark with master local[*]", self._conn_id)
             data["master"] = "local[*]"
         return data
+
+    def _build_spark_submit_command(self, application: str) -> list[str]:
+        """The provider's command, run through :mod:`airflow_kinesis_spark.die_with_parent`: the
+        job gets ``SIGKILL`` when this worker process dies (Linux), without ``preexec_fn``."""
+        return die_with_parent.command(super()._build_spark_submit_command(application))
 
     @property
     def env_goes_on_command_line(self) -> bool:

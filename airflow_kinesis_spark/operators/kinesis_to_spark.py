@@ -35,7 +35,7 @@ from airflow_kinesis_spark.exceptions import (
     ReportValidationError,
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
-from airflow_kinesis_spark.hooks.spark import SparkJobSettings, spark_job_for, spark_script_path
+from airflow_kinesis_spark.hooks.spark import JOB_CREDENTIALS, SparkJobSettings, spark_job_for, spark_script_path
 from airflow_kinesis_spark.lineage import asset_event_extra, asset_for_output, operator_lineage, output_uri
 
 __all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
@@ -117,6 +117,12 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     :param lease_seconds: a run holding a pending batch renews its lease every third of this
         (seconds); another run may take the batch over (re-using its plan) only after the lease
         expired. Keep it below the task's ``retry_delay``.
+    :param job_credentials: the AWS credentials the Spark job gets: ``scoped`` (default:
+        temporary credentials from STS limited by a session policy to reading this stream; the
+        connection's long-lived keys never leave the worker; see
+        ``KinesisStreamHook.job_credentials``), ``connection`` (the connection's own credentials)
+        or ``none`` (the cluster's own role: instance profile, IRSA, EMR execution role). On YARN
+        and Kubernetes masters none are shipped whatever this says.
     :param keep_batches: batches of the checkpoint table's batch log to keep (plans, reports and
         checkpoints of older batches get a DynamoDB TTL and are deleted by DynamoDB, typically
         within a few days); the committed and the pending batch never expire.
@@ -196,10 +202,12 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         output_asset: bool = True,
         keep_batches: int = DEFAULT_KEEP_BATCHES,
+        job_credentials: str = "scoped",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.keep_batches = keep_batches
+        self.job_credentials = job_credentials
         self.lease_seconds = lease_seconds
         self.output_asset = output_asset
         if output_asset and (uri := output_uri(output_path)) and not any(getattr(o, "uri", None) == uri for o in self.outlets):
@@ -243,6 +251,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None; got {value!r}")
         self.read_options  # noqa: B018 - builds and checks the reader settings
+        if self.job_credentials not in JOB_CREDENTIALS:
+            raise ValueError(f"job_credentials must be one of {', '.join(JOB_CREDENTIALS)}; got {self.job_credentials!r}")
         if not self.lease_seconds or self.lease_seconds <= 0:
             raise ValueError(f"lease_seconds must be > 0 seconds; got {self.lease_seconds!r}")
         if self.initial_position not in INITIAL_POSITIONS:
@@ -340,7 +350,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         settings = SparkJobSettings(
             spark_conn_id=self.spark_conn_id, kinesis_hook=self.kinesis_hook, read_options=self.read_options,
             transform=self.transform, spark_conf=dict(self.spark_conf or {}), py_files=self.spark_py_files,
-            reuse_connect_session=self.spark_connect_reuse_session,
+            reuse_connect_session=self.spark_connect_reuse_session, job_credentials=self.job_credentials,
         )  # fmt: skip
         return spark_job_for(settings, session_scope=type(self).__name__)
 

@@ -24,7 +24,7 @@ from airflow_kinesis_spark.exceptions import EndpointUnreachableError, StreamNot
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
-from airflow_kinesis_spark.operators import kinesis_to_spark
+from airflow_kinesis_spark.hooks import spark as spark_runners
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from demo.producer import put_plain
 from demo.stack import free_port
@@ -126,9 +126,11 @@ def test_assume_role_gives_the_hooks_and_the_spark_job_temporary_credentials(mon
     authorization = authorization.decode() if isinstance(authorization, bytes) else authorization
     assert "X-Amz-Security-Token" in signed[-1] and f"Credential={TEST_ACCESS_KEY}/" not in authorization
 
-    env = hook.spark_environment()
+    env = hook.spark_environment(hook.job_credentials(unique_name))
     assert env["AWS_SESSION_TOKEN"] and env["AWS_ACCESS_KEY_ID"] != TEST_ACCESS_KEY
     assert env["AWS_SECRET_ACCESS_KEY"] != TEST_SECRET_KEY
+    # the job's credentials come from a second AssumeRole (with the session policy), not the hook's own session
+    assert hook.connection_credentials()["AWS_SESSION_TOKEN"] != env["AWS_SESSION_TOKEN"]
 
     store = DynamoDBCheckpointHook(aws_conn_id=conn_id).get_store(f"{unique_name}_t", unique_name, "lake")
     store.ensure_table()
@@ -260,7 +262,7 @@ def test_a_spark_connect_connection_pointing_nowhere_fails_fast_naming_it(
     port = free_port()
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_NOWHERE", json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port,
                                                                  "password": "connect-token-not-logged"}))  # fmt: skip
-    monkeypatch.setattr(kinesis_to_spark, "CONNECT_READY_TIMEOUT", 2.0)
+    monkeypatch.setattr(spark_runners, "CONNECT_READY_TIMEOUT", 2.0)
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"x")])
     op = KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",

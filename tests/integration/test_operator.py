@@ -86,9 +86,11 @@ def test_batches_are_exactly_once_and_leak_no_credentials(
     assert sorted(p.name for p in output.iterdir()) == ["batch_id=1", "batch_id=2"]
     assert store.head().committed_batch_id == 2
 
-    # Credentials reach Spark through the environment only.
-    assert all(call["env"]["AWS_SECRET_ACCESS_KEY"] == TEST_SECRET_KEY for call in spark_calls)
+    # Credentials reach Spark through the environment only, and they are temporary (scoped by a
+    # session policy from GetFederationToken): the connection's long-lived keys never leave the worker.
     for call in spark_calls:
+        assert call["env"]["AWS_SESSION_TOKEN"] and call["env"]["AWS_ACCESS_KEY_ID"] != TEST_ACCESS_KEY
+        assert TEST_SECRET_KEY not in json.dumps(call["env"]) and TEST_ACCESS_KEY not in json.dumps(call["env"])
         assert TEST_SECRET_KEY not in " ".join(call["cmd"]) and TEST_ACCESS_KEY not in " ".join(call["cmd"])
     items = dynamodb.scan(TableName=f"{unique_name}_ckpt")["Items"]
     stored = json.dumps(items)

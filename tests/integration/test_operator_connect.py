@@ -61,11 +61,10 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
 def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections, kinesis, unique_name, tmp_path, caplog, capfd):
     """Warm batches re-use one server session per consumer; a session the server dropped is replaced."""
     import logging
-    import uuid
 
     from pyspark.sql import SparkSession
 
-    from airflow_kinesis_spark.hooks.spark import CONNECT_SESSION_NAMESPACE as _CONNECT_SESSION_NAMESPACE, with_session_id as _with_session_id
+    from airflow_kinesis_spark.hooks.spark import connect_session_id, session_secret, with_session_id
 
     caplog.set_level(logging.INFO)
     create_stream(kinesis, unique_name, 1)
@@ -84,9 +83,9 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
     logs = caplog.text + "".join(capfd.readouterr())
     assert "Running the Spark job of batch 2" in logs and "not reusable" not in logs
     # Release the consumer's session as another client could; the next batch must still run.
-    session_id = str(uuid.uuid5(_CONNECT_SESSION_NAMESPACE, f"KinesisToSparkOperator/{unique_name}/lake"))
+    session_id = connect_session_id(session_secret(), "KinesisToSparkOperator", unique_name, "lake")
     conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_TEST"])
-    other = SparkSession.builder.remote(_with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)).getOrCreate()
+    other = SparkSession.builder.remote(with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)).getOrCreate()
     other.stop()  # releases it on the server
     for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):  # set by this test's own client
         os.environ.pop(key, None)
@@ -94,3 +93,78 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
     assert run()["records"] == 1
     assert "not reusable" in caplog.text + "".join(capfd.readouterr())
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+
+
+PLANTED_BOTO3 = """
+import json
+
+
+class _Session:
+    def __init__(self, **kwargs):
+        with open({capture!r}, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(kwargs) + "\\n")
+        raise RuntimeError("planted boto3")
+
+
+class session:
+    Session = _Session
+"""
+
+
+def test_a_client_that_precreates_the_consumers_session_gets_no_credential(connections, kinesis, dynamodb, unique_name, tmp_path):
+    """The attack of the security review: another client of the shared Connect server creates the
+    session id the consumer would use (earlier versions derived it from the stream and consumer
+    names) and plants a ``boto3`` artifact that records the credentials the job's readers use."""
+    import uuid
+
+    from pyspark.sql import SparkSession
+
+    from airflow_kinesis_spark.hooks.spark import with_session_id
+
+    capture = tmp_path / "stolen.jsonl"
+    planted = tmp_path / "attacker" / "boto3.py"
+    planted.parent.mkdir()
+    planted.write_text(PLANTED_BOTO3.format(capture=str(capture)))
+    conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_TEST"])
+    url = f"sc://{conn['host']}:{conn['port']}"
+    old_derivation = str(uuid.uuid5(uuid.UUID("6d2f3c1e-8a4b-4f0e-9c57-1b2a3d4e5f60"), f"KinesisToSparkOperator/{unique_name}/lake"))
+    attacker = SparkSession.builder.remote(with_session_id(url, old_derivation)).getOrCreate()
+    attacker.release_session_on_close = False
+    attacker.addArtifacts(str(planted), pyfile=True)
+    attacker.stop()
+    for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):  # set by the attacker's client in this process
+        os.environ.pop(key, None)
+
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"secret payload")])
+    summary = KinesisToSparkOperator(
+        task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+        output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+    ).execute({})  # fmt: skip
+    assert summary["status"] == "committed" and summary["records"] == 1
+    assert not capture.exists(), "the planted module ran in the consumer's batch"
+
+
+def test_credentials_are_not_sent_to_a_plaintext_remote_connect_server(monkeypatch, aws_conn, kinesis, unique_name, tmp_path):
+    """A non-loopback server without TLS is refused before any connection is made (``.invalid``
+    never resolves, so even a regression would send nothing anywhere)."""
+    from airflow_kinesis_spark.hooks import spark as runners
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_REMOTE", json.dumps({"conn_type": "spark_connect", "host": "spark-connect.invalid", "port": 15002}))
+    monkeypatch.setattr(runners, "check_spark_connect", lambda *a: pytest.fail("no connection may be attempted"))
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a")])
+    operator = KinesisToSparkOperator(
+        task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+        output_path=str(tmp_path / "out"), spark_conn_id="spark_remote", min_call_interval=0.0,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"Refusing to send AWS credentials to the Spark Connect server sc://spark-connect.invalid:15002.*'use_ssl': true"):
+        operator.execute({})
+    # TLS (use_ssl) passes the check; the connection attempt is then made (here: refused by the stub).
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_REMOTE", json.dumps({"conn_type": "spark_connect", "host": "spark-connect.invalid", "port": 15002,
+                                                                "extra": {"use_ssl": True}}))  # fmt: skip
+    with pytest.raises(BaseException, match="no connection may be attempted"):
+        KinesisToSparkOperator(
+            task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+            output_path=str(tmp_path / "out"), spark_conn_id="spark_remote", min_call_interval=0.0,
+        ).execute({})  # fmt: skip

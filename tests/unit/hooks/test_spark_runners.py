@@ -1,0 +1,61 @@
+"""Unit tests of the Spark runners' security helpers (no Spark, no network)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import uuid
+
+import pytest
+
+from airflow_kinesis_spark.hooks.kinesis import job_session_policy
+from airflow_kinesis_spark.hooks.spark import check_connect_transport, connect_session_id, session_secret, worker_secret_path
+
+
+def test_a_session_id_cannot_be_derived_without_the_secret():
+    names = ("KinesisToSparkOperator", "orders", "lake")
+    mine = connect_session_id(b"worker-a secret", *names)
+    assert mine == connect_session_id(b"worker-a secret", *names)  # stable: reused across batches
+    assert mine != connect_session_id(b"worker-b secret", *names)  # another secret, another id
+    assert mine != connect_session_id(b"worker-a secret", "KinesisToSparkOperator", "orders", "other")
+    # earlier versions: a uuid5 of the names, which anyone could compute
+    assert mine != str(uuid.uuid5(uuid.UUID("6d2f3c1e-8a4b-4f0e-9c57-1b2a3d4e5f60"), "/".join(names)))
+    assert uuid.UUID(mine).version == 4
+
+
+def test_the_worker_secret_is_made_once_and_private(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_KINESIS_SPARK_STATE_DIR", str(tmp_path / "state"))
+    first = session_secret()
+    assert len(first) == 32 and session_secret() == first
+    assert stat.S_IMODE(worker_secret_path().stat().st_mode) == 0o600
+    assert session_secret("from the connection") == b"from the connection"
+
+
+@pytest.mark.parametrize("url", ["sc://127.0.0.1:15002/", "sc://localhost:15002/", "sc://[::1]:15002/",
+                                 "sc://spark.example:443/;use_ssl=true", "sc://spark.example:443/;token=abc"])  # fmt: skip
+def test_loopback_or_tls_servers_may_receive_credentials(url):
+    check_connect_transport(url, "spark_connect_default")
+
+
+def test_a_plaintext_remote_server_is_refused_unless_allowed():
+    with pytest.raises(ValueError, match=r"sc://10\.0\.0\.5:15002 of connection 'c' over plaintext gRPC.*use_ssl"):
+        check_connect_transport("sc://10.0.0.5:15002/", "c")
+    check_connect_transport("sc://10.0.0.5:15002/", "c", allow_insecure=True)
+
+
+def test_the_session_policy_allows_reading_one_stream_only():
+    policy = job_session_policy("orders", "eu-west-1", "aws")
+    json.dumps(policy)
+    kinesis, kms = policy["Statement"]
+    assert sorted(kinesis["Action"]) == ["kinesis:DescribeStreamSummary", "kinesis:GetRecords", "kinesis:GetShardIterator", "kinesis:ListShards"]
+    assert kinesis["Resource"] == ["arn:aws:kinesis:eu-west-1:*:stream/orders"]
+    assert kms["Action"] == ["kms:Decrypt"] and kms["Condition"] == {"StringEquals": {"kms:ViaService": "kinesis.eu-west-1.amazonaws.com"}}
+
+
+def test_an_s3_output_location_may_be_written_and_nothing_else():
+    policy = job_session_policy("orders", "eu-west-1", "aws", output_location="s3a://lake/orders/batch_id=7")
+    objects, bucket, kms = policy["Statement"][2:]
+    assert objects["Resource"] == ["arn:aws:s3:::lake/orders/batch_id=7", "arn:aws:s3:::lake/orders/batch_id=7/*"]
+    assert "s3:PutObject" in objects["Action"] and bucket == {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": ["arn:aws:s3:::lake"]}
+    assert kms["Condition"] == {"StringEquals": {"kms:ViaService": "s3.eu-west-1.amazonaws.com"}}
+    assert len(job_session_policy("orders", "eu-west-1", output_location="/local/out/batch_id=7")["Statement"]) == 2
