@@ -36,14 +36,7 @@ import aws_kinesis_agg.deaggregator  # noqa: F401
 import google.protobuf.message
 from aws_kinesis_agg import messages_pb2
 
-from airflow_kinesis_spark.core.positions import (
-    Checkpoint,
-    ExtendedSequenceNumber,
-    Sentinel,
-    format_timestamp,
-    parse_timestamp,
-    to_utc,
-)
+from airflow_kinesis_spark.core.positions import ExtendedSequenceNumber, to_utc
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.exceptions import CorruptAggregateError
 
