@@ -5,11 +5,14 @@ Examples::
     kinesis-spark checkpoints apache-access-log -c parquet-lake -t kinesis_spark_checkpoints
     kinesis-spark rewind apache-access-log -c parquet-lake -t kinesis_spark_checkpoints \\
         --to 2026-11-20T00:00:00Z --dry-run
+    kinesis-spark discard-pending apache-access-log -c parquet-lake -t kinesis_spark_checkpoints \\
+        --output-path s3a://example-lake/access_log --dry-run
 
 AWS access comes from the default chain (environment, profile, instance role), or from an
 Airflow connection with ``--aws-conn-id``. ``--endpoint-url`` points both Kinesis and DynamoDB at
 a local emulator. Tables and JSON go to stdout; progress goes to stderr, and only when stderr is
-an interactive terminal. See docs/cli.md.
+an interactive terminal. Commands that change something ask first, and need ``--yes`` when stdin is
+not a terminal. See docs/cli.md.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from airflow_kinesis_spark.core.admin import check_endpoint
+from airflow_kinesis_spark.core.admin import discard_pending as do_discard_pending
 from airflow_kinesis_spark.core.admin import rewind as do_rewind
 from airflow_kinesis_spark.core.lag import measure_lag
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
+from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.shards import Shard
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
@@ -131,8 +136,8 @@ class _Group(click.Group):
 
         try:
             return super().invoke(ctx)
-        except (ValueError, KinesisSparkError, BotoCoreError, ClientError) as err:
-            raise click.ClickException(f"{type(err).__name__}: {err}") from err
+        except (ValueError, KinesisSparkError, BotoCoreError, ClientError, OSError) as err:
+            raise click.ClickException(_printable(f"{type(err).__name__}: {err}")) from err
 
 
 MAIN_EPILOG = """\b
@@ -149,7 +154,8 @@ Exit status:
   0  success
   1  an error, reported on one line (Error: <type>: <message>),
      or a declined confirmation
-  2  a usage error (unknown option, missing argument)
+  2  a usage error (unknown option, missing argument),
+     or no --yes for a command that asks when stdin is not a terminal
 """
 
 
@@ -241,6 +247,61 @@ def checkpoints(ctx: click.Context, stream: str, consumer: str, table: str, as_j
     _console().print(grid)
 
 
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped (ESC as ``\\x1b`` ...): values read from the checkpoint
+    table (paths, holders) must not drive the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _stdin_is_interactive() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def _confirm(question: str, *, yes: bool, err: bool, action: str) -> None:
+    """Ask ``question`` (``[y/N]``) unless ``--yes``; no, or just Enter, aborts (exit status 1).
+
+    :raises click.UsageError: stdin is not a terminal and ``--yes`` was not given (exit status 2):
+        no one is there to answer, and a piped answer is not a confirmation.
+    """
+    if yes:
+        return
+    if not _stdin_is_interactive():
+        raise click.UsageError(
+            f"stdin is not a terminal, so {action} cannot ask for confirmation: pass --yes to {action} without "
+            "asking (see what it would do with --dry-run first)."
+        )
+    click.confirm(_printable(question), abort=True, err=err)
+
+
+def _pending_line(result: dict[str, Any]) -> str:
+    """``Pending batch N (held by H, last heartbeat 3.1 s ago): would delete /data/out/batch_id=N.``"""
+    age = result["heartbeat_age_seconds"]
+    beat = f", last heartbeat {_age(int(age * 1000))} ago" if age is not None else ""
+    batch = f"Pending batch {result['discarded_batch_id']} (held by {result['holder']}{beat})"
+    return _printable(f"{batch}: {result['discarded_output']}.")
+
+
+def _discard_question(result: dict[str, Any], then: str) -> str:
+    """The confirmation of a discard: names the batch and the exact directory deleted, or why none is."""
+    batch = f"Discard pending batch {result['discarded_batch_id']}"
+    if result["deleted_path"]:
+        return f"{batch}, delete {result['deleted_path']}{then}?"
+    return f"{batch} ({result['discarded_output']}){then}?"
+
+
+output_path_option = click.option(
+    "--output-path", default=None, metavar="PATH",
+    help="The consumer's output root (the operator's output_path): the discarded batch's directory under it, "
+         "batch_id=N, is deleted if local. Without it nothing is deleted.",
+)  # fmt: skip
+lease_option = click.option(
+    "--lease-seconds", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_LEASE_SECONDS, show_default=True,
+    metavar="SECONDS",
+    help="The consumer's lease (the operator's lease_seconds): a pending batch whose holder sent a heartbeat within "
+         "it belongs to a live run and is not discarded.",
+)  # fmt: skip
+
+
 REWIND_EPILOG = """\b
 Examples:
   # look first: the positions it would set; nothing is written
@@ -249,34 +310,39 @@ Examples:
   # re-read everything the stream still holds, without asking
   kinesis-spark rewind my-stream -c my-app -t my_checkpoints \\
       --to TRIM_HORIZON --yes
-  # skip the backlog, dropping a pending batch first; the result as JSON
+  # skip the backlog, dropping a pending batch and its directory
+  # under the output root first; the result as JSON
   kinesis-spark rewind my-stream -c my-app -t my_checkpoints \\
-      --to LATEST --discard-pending --yes --json
+      --to LATEST --discard-pending --output-path /data/lake/my-app --yes --json
 """
 
 
 @main.command(epilog=REWIND_EPILOG, short_help="Reset checkpoints to a time, TRIM_HORIZON or LATEST.")
 @with_consumer
 @click.option("--to", "to", required=True, metavar="TARGET", help="TRIM_HORIZON, LATEST, or an ISO 8601 UTC timestamp.")
-@click.option("--dry-run", is_flag=True, help="Show the positions it would set; change nothing.")
-@click.option("--discard-pending", is_flag=True, help="Drop a pending (uncommitted) batch first.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--dry-run", is_flag=True, help="Show the positions it would set and what it would discard; change nothing.")
+@click.option("--discard-pending", is_flag=True, help="Drop a pending (uncommitted) batch first (never one a live run holds).")
+@output_path_option
+@lease_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (required when stdin is not a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table (the prompt goes to stderr).")
 @click.pass_context
 def rewind(
-    ctx: click.Context, stream: str, consumer: str, table: str, to: str, dry_run: bool, discard_pending: bool, yes: bool,
-    as_json: bool,
+    ctx: click.Context, stream: str, consumer: str, table: str, to: str, dry_run: bool, discard_pending: bool,
+    output_path: str | None, lease_seconds: float, yes: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Reset a consumer's checkpoints to a time, TRIM_HORIZON or LATEST.
 
-    Shows the new positions first, then asks before writing them (unless --yes). The rewind is
-    committed like a batch: fenced, one conditional write for every shard.
+    Shows the new positions first, and with --discard-pending the pending batch it drops and the
+    directory it deletes, then asks before writing them (unless --yes). The rewind is committed
+    like a batch: fenced, one conditional write for every shard.
     """
     console = _console()
     with _progress() as progress:
         progress.add_task(f"Listing the shards of {stream} and reading the checkpoints of {consumer}", total=None)
         kinesis, store = _store(ctx, stream, consumer, table)
-        preview = do_rewind(kinesis, store, to, dry_run=True, owner="cli")
+        preview = do_rewind(kinesis, store, to, dry_run=True, discard_pending=discard_pending, output_path=output_path,
+                            owner="cli", lease_seconds=lease_seconds)  # fmt: skip
     if not as_json:
         # The heading is printed on its own: as the title of a narrow table it would wrap.
         console.print(f"Rewind {stream} / {consumer} to {to}" + (" (dry run)" if dry_run else ""), style="italic", highlight=False)
@@ -285,20 +351,86 @@ def rewind(
         for shard_id, change in preview["shards"].items():
             grid.add_row(shard_id, change["from"] or "-", change["to"] or "(removed)")
         console.print(grid)
+        if preview["discarded_batch_id"] is not None:
+            console.print(_pending_line(preview), soft_wrap=True, markup=False, highlight=False)
     if dry_run:
         if as_json:
             click.echo(json.dumps(preview, indent=2))
         return
-    if not yes:
-        click.confirm(f"Set the checkpoints of {len(preview['shards'])} shards?" if as_json else "Set these checkpoints?",
-                      abort=True, err=as_json)  # fmt: skip
+    shards = "these checkpoints" if not as_json else f"the checkpoints of {len(preview['shards'])} shards"
+    question = _discard_question(preview, f" and set {shards}") if preview["discarded_batch_id"] is not None else f"Set {shards}?"
+    _confirm(question, yes=yes, err=as_json, action="rewind")
     with _progress() as progress:
         progress.add_task(f"Rewinding {consumer} on {stream}", total=None)
-        result = do_rewind(kinesis, store, to, discard_pending=discard_pending, owner=f"cli.{uuid.uuid4().hex[:8]}")
+        result = do_rewind(kinesis, store, to, discard_pending=discard_pending, output_path=output_path,
+                           owner=f"cli.{uuid.uuid4().hex[:8]}", lease_seconds=lease_seconds,
+                           expected_batch_id=preview["discarded_batch_id"])  # fmt: skip
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    if result["discarded_batch_id"]:
-        console.print(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output'] or 'no output'}).",
-                      soft_wrap=True)  # fmt: skip
+    if result["discarded_batch_id"] is not None:
+        console.print(_printable(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output']})."),
+                      soft_wrap=True, markup=False, highlight=False)  # fmt: skip
     console.print(f"Rewound as batch {result['batch_id']}.", soft_wrap=True)
+
+
+DISCARD_EPILOG = """\b
+Examples:
+  # look first: the pending batch, its holder, and what would be deleted
+  kinesis-spark discard-pending my-stream -c my-app -t my_checkpoints \\
+      --output-path /data/lake/my-app --dry-run
+  # drop it and delete its directory under the output root, without asking
+  kinesis-spark discard-pending my-stream -c my-app -t my_checkpoints \\
+      --output-path /data/lake/my-app --yes --json
+"""
+
+
+@main.command("discard-pending", epilog=DISCARD_EPILOG, short_help="Drop the pending batch; checkpoints stay.")
+@with_consumer
+@click.option("--dry-run", is_flag=True, help="Show the pending batch and what would be deleted; change nothing.")
+@output_path_option
+@lease_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (required when stdin is not a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (the prompt goes to stderr).")
+@click.pass_context
+def discard_pending(
+    ctx: click.Context, stream: str, consumer: str, table: str, dry_run: bool, output_path: str | None,
+    lease_seconds: float, yes: bool, as_json: bool,
+) -> None:  # fmt: skip
+    """Drop a consumer's pending (planned, uncommitted) batch; the checkpoints stay as committed.
+
+    For a pending batch that no longer fits its task (its output path or stream changed, or its
+    plan was not written by the task): the next run plans that batch anew from the committed
+    checkpoints. Refused while a live run holds the batch. With --output-path, the batch's own
+    directory under it (batch_id=N) is deleted if local, and never a path read from the table.
+    Asks first (unless --yes).
+    """
+    console = _console()
+    with _progress() as progress:
+        progress.add_task(f"Reading the pending batch of {consumer}", total=None)
+        _, store = _store(ctx, stream, consumer, table)
+        preview = do_discard_pending(store, output_path=output_path, dry_run=True, owner="cli", lease_seconds=lease_seconds)
+    if preview["discarded_batch_id"] is None:
+        if as_json:
+            click.echo(json.dumps(preview, indent=2))
+        else:
+            console.print(f"No pending batch of {stream} / {consumer} (committed batch {preview['committed_batch_id']}): "
+                          "nothing to discard.", soft_wrap=True, highlight=False)  # fmt: skip
+        return
+    if not as_json:
+        console.print(_pending_line(preview), soft_wrap=True, markup=False, highlight=False)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps(preview, indent=2))
+        return
+    _confirm(_discard_question(preview, ""), yes=yes, err=as_json, action="discard-pending")
+    with _progress() as progress:
+        progress.add_task(f"Discarding pending batch {preview['discarded_batch_id']} of {consumer}", total=None)
+        result = do_discard_pending(store, output_path=output_path, owner=f"cli.{uuid.uuid4().hex[:8]}",
+                                    lease_seconds=lease_seconds, expected_batch_id=preview["discarded_batch_id"])  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    console.print(_printable(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output']}). "
+                             f"The committed checkpoints (batch {result['committed_batch_id']}) are unchanged."),
+                  soft_wrap=True, markup=False, highlight=False)  # fmt: skip

@@ -1,18 +1,29 @@
-"""Checkpoint administration shared by the rewind operator and the command-line tool, and the
-endpoint check shared by the hooks and the command-line tool. No Airflow import."""
+"""Checkpoint administration shared by the checkpoint operators and the command-line tool (rewind,
+discarding a pending batch and, safely, its output directory), and the endpoint check shared by
+the hooks and the command-line tool. No Airflow import."""
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import threading
+import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-from airflow_kinesis_spark.core.planner import rewind_checkpoints
+from airflow_kinesis_spark.core.planner import BatchPlan, rewind_checkpoints
+from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, batch_output_location
 from airflow_kinesis_spark.core.shards import list_shards
-from airflow_kinesis_spark.exceptions import CheckpointConflictError, EndpointUnreachableError
+from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError, EndpointUnreachableError
 
-__all__ = ["rewind", "check_endpoint"]
+__all__ = ["rewind", "discard_pending", "check_endpoint"]
+
+log = logging.getLogger(__name__)
 
 #: Budget of :func:`check_endpoint`: connect timeout (seconds), read timeout (seconds) and
 #: attempts. botocore's defaults are 60 s, 60 s and 5 attempts (legacy retry mode): a connection
@@ -95,25 +106,235 @@ def check_endpoint(client: Any, source: str, *, hint: str = "", verify: bool | s
         probe.close()
 
 
+# -- discarding a pending batch ----------------------------------------------------------------
+
+#: The keys :func:`discard_pending` and :func:`rewind` report about a discarded pending batch.
+_NOTHING_DISCARDED: dict[str, Any] = {
+    "discarded_batch_id": None, "holder": None, "heartbeat_age_seconds": None, "deleted_path": None, "discarded_output": None,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _OutputAction:
+    """What discarding a pending batch does to its output: delete ``path``, or nothing and why.
+
+    :param shown: the location messages name: the batch's directory (absolute when local), or
+        the stored plan's location quoted (``repr``: read from the table, not trusted to be printable).
+    """
+
+    path: Path | None
+    reason: str | None
+    shown: str | None
+
+    def describe(self, dry_run: bool) -> str:
+        if self.path is not None:
+            return f"{'would delete' if dry_run else 'deleted'} {self.path}"
+        return f"{'would delete nothing' if dry_run else 'nothing deleted'}: {self.reason}"
+
+
+def _keep(reason: str, shown: str | None) -> _OutputAction:
+    return _OutputAction(path=None, reason=reason, shown=shown)
+
+
+def _local_path(location: str) -> Path | None:
+    """The absolute, normalised local path of ``location`` (a plain path or a ``file:`` URI on
+    this host); ``None`` for anything else (``s3a://``, ``hdfs://``, ``file://otherhost/``)."""
+    parsed = urlparse(location)
+    if parsed.scheme == "":
+        return Path(os.path.abspath(location))
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(os.path.abspath(parsed.path))
+    return None
+
+
+def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None) -> _OutputAction:
+    """Decide what discarding the pending batch of ``head`` may delete.
+
+    The checkpoint table is state that anyone with write access to it can change, so nothing read
+    from it names what to delete. The only directory that may be deleted is the one this project
+    derives for the batch, :func:`~airflow_kinesis_spark.core.protocol.batch_output_location` of
+    ``output_path`` and the pending batch id, and only when: the pending batch id follows the
+    committed one; the stored plan names exactly that location (else someone other than this
+    task wrote the plan); it is local; and it is a directory, not a symbolic link. Values read
+    from the table are quoted (``repr``) in the reasons: they are not trusted to be printable.
+    """
+    batch_id = head.pending_batch_id
+    stored = plan.output_location if plan is not None else None
+    if plan is None:
+        return _keep(f"the plan of batch {batch_id} could not be read from the checkpoint table", None)
+    if batch_id != head.committed_batch_id + 1:
+        return _keep(
+            f"pending batch {batch_id} does not follow committed batch {head.committed_batch_id}; check who wrote "
+            "the checkpoint table", repr(stored) if stored else None,
+        )  # fmt: skip
+    if not stored:
+        return _keep(f"the stored plan of batch {batch_id} names no output location", None)
+    if not output_path:
+        return _keep(
+            f"the stored plan names {stored!r}; pass --output-path (the operator's output_path) to delete the batch's "
+            "directory", repr(stored),
+        )  # fmt: skip
+    computed = batch_output_location(output_path, batch_id)
+    local = _local_path(computed)
+    shown = str(local) if local is not None else computed
+    if stored != computed:
+        return _keep(
+            f"the stored plan names {stored!r}, not the batch's directory under the output root {shown}; check who "
+            "wrote the checkpoint table", shown,
+        )  # fmt: skip
+    if local is None:
+        return _keep(f"{computed} is not local; delete it yourself, the discarded batch may have written there", shown)
+    if local.is_symlink():  # before exists(): a dangling link does not exist
+        return _keep(f"{shown} is a symbolic link, not a directory the batch wrote; check who made it", shown)
+    if not local.exists():
+        return _keep(f"{shown} does not exist", shown)
+    if not local.is_dir():
+        return _keep(f"{shown} is not a directory", shown)
+    return _OutputAction(path=local, reason=None, shown=shown)
+
+
+def _heartbeat_age(head: Any) -> float | None:
+    """Seconds since the pending batch holder's last heartbeat; ``None`` without one, or when the
+    holder released its lease (``DynamoDBCheckpointStore.release`` sets the heartbeat to 0)."""
+    if not head.pending_heartbeat:
+        return None
+    return round(max(0.0, time.time() - head.pending_heartbeat / 1000), 3)
+
+
+def _discard(
+    store: Any, head: Any, *, output_path: str | None, dry_run: bool, owner: str, lease_seconds: float,
+    expected_batch_id: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Take the pending batch of ``head`` over, delete its output if :func:`_output_action` allows,
+    and drop it. With ``dry_run``, only say what that would do."""
+    batch_id = head.pending_batch_id
+    if expected_batch_id is not None and batch_id != expected_batch_id:
+        now_pending = f"batch {batch_id} is pending now" if batch_id is not None else "no batch is pending now"
+        raise CheckpointConflictError(
+            f"consumer {store.consumer_name!r}: {now_pending}, not batch {expected_batch_id} (committed batch "
+            f"{head.committed_batch_id}). Nothing was discarded or deleted; look again before discarding.",
+            pending_batch_id=batch_id, expected_batch_id=expected_batch_id,
+        )  # fmt: skip
+    if batch_id is None:
+        return dict(_NOTHING_DISCARDED)
+    action = _output_action(head, store.pending_plan(head), output_path)
+    result = {"discarded_batch_id": batch_id, "holder": head.pending_owner, "heartbeat_age_seconds": _heartbeat_age(head)}
+    if dry_run:
+        return {**result, "deleted_path": str(action.path) if action.path else None, "discarded_output": action.describe(True)}
+    try:
+        store.take_over(batch_id, owner, lease_seconds)  # never discard a batch a live run holds
+    except BatchLeaseHeldError as err:
+        age = err.fields.get("heartbeat_age_seconds")
+        beat = f"last heartbeat {age:.1f} s ago" if isinstance(age, (int, float)) else "heartbeat unknown"
+        raise BatchLeaseHeldError(
+            f"pending batch {batch_id} of stream {store.stream_name!r}, consumer {store.consumer_name!r} is held by "
+            f"{err.fields.get('holder')} ({beat}, lease {lease_seconds:g} s): a live run may be "
+            f"writing {action.shown or 'its output'}. Nothing was discarded or deleted. Wait until that run ends, or "
+            "until its lease expires, and try again.",
+            batch_id=batch_id, holder=err.fields.get("holder"), heartbeat_age_seconds=age, path=action.shown,
+        ) from err  # fmt: skip
+    # Decided again now that this writer holds the batch: what is on disk may have changed meanwhile.
+    action = _output_action(head, store.pending_plan(head), output_path)
+    if action.path is not None:
+        try:
+            shutil.rmtree(action.path)  # refuses a symbolic link, and does not follow those inside
+        except OSError:
+            store.release(batch_id, owner)  # still pending: let the consumer's next run take it at once
+            raise
+        log.warning("deleted %s, the output directory of discarded batch %d", action.path, batch_id)
+    else:
+        log.warning("batch %d: %s", batch_id, action.describe(False))
+    store.discard_pending(batch_id, owner)
+    return {**result, "deleted_path": str(action.path) if action.path else None, "discarded_output": action.describe(False)}
+
+
+def discard_pending(
+    store: Any,
+    *,
+    output_path: str | None = None,
+    dry_run: bool = False,
+    owner: str,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    expected_batch_id: int | None = None,
+) -> dict[str, Any]:
+    """Drop a consumer's pending (planned, uncommitted) batch, and its output directory when that is safe.
+
+    The committed checkpoints are not touched: the consumer's next run plans the same batch id
+    anew from them. This is what to do when a pending plan no longer fits the task (for example
+    after its ``output_path`` changed). Shared by ``KinesisDiscardPendingBatchOperator`` and
+    ``kinesis-spark discard-pending``; :func:`rewind` discards the same way.
+
+    In order: the batch is taken over (refused while its holder's lease is alive), its output
+    directory is deleted if allowed, and the batch is dropped from the HEAD (its plan stays in the
+    batch log, never re-used). The only directory ever deleted is
+    ``batch_output_location(output_path, batch_id)``, computed, never read from the stored plan,
+    and only when the stored plan names exactly that location, it is local (a plain path or
+    ``file://``), and it is a directory, not a symbolic link. A remote one is named for the caller
+    to delete. Without ``output_path`` nothing is deleted.
+
+    :param store: the consumer's ``DynamoDBCheckpointStore``.
+    :param output_path: the consumer's output root, as the ingestion operator's ``output_path``.
+    :param dry_run: change nothing; report what a real run would do.
+    :param owner: the writer name used for the take-over.
+    :param lease_seconds: the consumer's lease (seconds), as the ingestion operator's
+        ``lease_seconds``: a holder whose last heartbeat is more recent is a live run.
+    :param expected_batch_id: the pending batch the caller showed and had confirmed: if another
+        batch (or none) is pending now, nothing is done.
+    :returns: ``stream_name``, ``consumer_name``, ``dry_run``, ``committed_batch_id``,
+        ``discarded_batch_id`` (the pending batch, dropped or, for a dry run, to be dropped;
+        ``None`` when none is pending), ``holder`` and ``heartbeat_age_seconds`` (its holder and
+        the age in seconds of its last heartbeat before the take-over; ``None`` without one or once
+        the holder released its lease), ``deleted_path`` (the local directory
+        deleted, or that a real run would delete; else ``None``) and ``discarded_output`` (one
+        line: ``deleted <path>`` / ``would delete <path>``, or ``nothing deleted: <why>`` /
+        ``would delete nothing: <why>``; ``None`` when none is pending).
+    :raises BatchLeaseHeldError: a live run holds the batch (names the batch, the holder and the path).
+    :raises CheckpointConflictError: not ``expected_batch_id`` pending, or another writer moved first.
+    :raises OSError: the directory could not be deleted; the batch stays pending, its lease released.
+    """
+    head = store.head()
+    result = _discard(store, head, output_path=output_path, dry_run=dry_run, owner=owner, lease_seconds=lease_seconds,
+                      expected_batch_id=expected_batch_id)  # fmt: skip
+    return {"stream_name": store.stream_name, "consumer_name": store.consumer_name, "dry_run": dry_run,
+            "committed_batch_id": head.committed_batch_id, **result}  # fmt: skip
+
+
 def rewind(
-    kinesis_client: Any, store: Any, to: str | datetime, *, dry_run: bool = False, discard_pending: bool = False, owner: str
+    kinesis_client: Any,
+    store: Any,
+    to: str | datetime,
+    *,
+    dry_run: bool = False,
+    discard_pending: bool = False,
+    output_path: str | None = None,
+    owner: str,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    expected_batch_id: int | None = None,
 ) -> dict[str, Any]:
     """Set a consumer's checkpoints to ``to`` (``TRIM_HORIZON``, ``LATEST`` or a timestamp).
 
-    Shared by the operator and the command-line tool.
+    Shared by the operator and the command-line tool. A dry run checks what a real run checks
+    (a pending batch without ``discard_pending`` fails it too) and reports what it would do.
 
     :param kinesis_client: boto3 Kinesis client (for the shard list).
     :param store: the consumer's ``DynamoDBCheckpointStore``.
-    :param dry_run: only compute and return the per-shard positions.
-    :param discard_pending: drop a pending (planned, uncommitted) batch first; without it a
-        pending batch makes the rewind fail, since its retry would re-use the old plan.
+    :param dry_run: only compute and return the per-shard positions, and what would be discarded.
+    :param discard_pending: drop a pending (planned, uncommitted) batch first, as
+        :func:`discard_pending` does (never one a live run holds); without it a pending batch
+        makes the rewind fail, since its retry would re-use the old plan.
+    :param output_path: the consumer's output root (the ingestion operator's ``output_path``):
+        the discarded batch's directory under it is deleted when :func:`discard_pending` allows.
+    :param lease_seconds: the consumer's lease (seconds), see :func:`discard_pending`.
+    :param expected_batch_id: see :func:`discard_pending`.
     :returns: ``to``, ``dry_run``, ``batch_id`` (of the rewind, ``None`` for a dry run),
-        ``discarded_batch_id``, ``discarded_output`` and ``shards`` (shard id -> ``from``, ``to``).
-        The rewind commits under the discarded batch's id, so whatever that batch wrote would
-        count as committed: a local output directory is deleted (``discarded_output`` says
-        ``deleted ...``); a remote one is named for the caller to delete (``delete ...``).
+        ``discarded_batch_id``, ``holder``, ``heartbeat_age_seconds``, ``deleted_path`` and
+        ``discarded_output`` (as :func:`discard_pending` returns them) and ``shards`` (shard id ->
+        ``from``, ``to``). The rewind commits under the discarded batch's id, so whatever that
+        batch wrote to its directory would count as committed: delete it (``output_path``), or
+        delete it yourself.
     :raises CheckpointConflictError: a batch is pending (without ``discard_pending``), or another
         writer moved first.
+    :raises BatchLeaseHeldError: ``discard_pending``, and a live run holds the pending batch.
     :raises ValueError: ``to`` is not a valid target.
     """
     now = datetime.now(timezone.utc)
@@ -125,40 +346,22 @@ def rewind(
         shard_id: {"from": str(current[shard_id]) if shard_id in current else None, "to": str(new.get(shard_id)) if shard_id in new else None}
         for shard_id in sorted(set(new) | set(current))
     }
-    result: dict[str, Any] = {"to": str(to), "dry_run": dry_run, "batch_id": None, "discarded_batch_id": None,
-                              "discarded_output": None, "shards": changes}  # fmt: skip
+    if head.pending_batch_id is not None and not discard_pending:
+        raise CheckpointConflictError(
+            f"consumer {store.consumer_name!r} has pending batch {head.pending_batch_id} (held by "
+            f"{head.pending_owner}); its retry would re-use the old plan. Wait for it to finish, or rewind with "
+            "--discard-pending (the operator's discard_pending=True) and --output-path (output_path) to drop it "
+            "and delete its output.",
+            pending_batch_id=head.pending_batch_id,
+        )  # fmt: skip
+    discarded = (
+        _discard(store, head, output_path=output_path, dry_run=dry_run, owner=owner, lease_seconds=lease_seconds,
+                 expected_batch_id=expected_batch_id)
+        if discard_pending else dict(_NOTHING_DISCARDED)
+    )  # fmt: skip
+    result: dict[str, Any] = {"to": str(to), "dry_run": dry_run, "batch_id": None, **discarded, "shards": changes}
     if dry_run:
         return result
-    if head.pending_batch_id is not None:
-        if not discard_pending:
-            raise CheckpointConflictError(
-                f"consumer {store.consumer_name!r} has pending batch {head.pending_batch_id} (held by "
-                f"{head.pending_owner}); its retry would re-use the old plan. Wait for it to finish, or rewind "
-                "with discard_pending=True.",
-                pending_batch_id=head.pending_batch_id,
-            )
-        discarded = store.pending_plan(head)
-        store.discard_pending(head.pending_batch_id, owner)
-        result["discarded_batch_id"] = head.pending_batch_id
-        result["discarded_output"] = _remove_output(discarded.output_location if discarded else None)
     store.ensure_table()
     result["batch_id"] = store.rewind(new, owner, now=now, open_shards=[s.shard_id for s in shards if not s.is_closed])
     return result
-
-
-def _remove_output(location: str | None) -> str | None:
-    """Delete a discarded batch's local output; name a remote one. ``None`` when there is none."""
-    import shutil
-    from pathlib import Path
-    from urllib.parse import urlparse
-
-    if not location:
-        return None
-    parsed = urlparse(location)
-    if parsed.scheme in ("", "file"):
-        path = Path(parsed.path if parsed.scheme else location)
-        if not path.exists():
-            return None
-        shutil.rmtree(path)
-        return f"deleted {location}"
-    return f"delete {location}: the discarded batch may have written there"

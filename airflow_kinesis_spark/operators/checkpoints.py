@@ -1,4 +1,5 @@
-"""Checkpoint administration: rewind a consumer to a point in time (like Kafka's reset-offsets)."""
+"""Checkpoint administration: rewind a consumer to a point in time (like Kafka's reset-offsets), or
+drop its pending batch."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_kinesis_spark.core.admin import rewind
+from airflow_kinesis_spark.core.admin import discard_pending, rewind
+from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.exceptions import CheckpointConflictError
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 
-__all__ = ["KinesisCheckpointRewindOperator"]
+__all__ = ["KinesisCheckpointRewindOperator", "KinesisDiscardPendingBatchOperator"]
 
 
 class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
@@ -29,14 +31,24 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
     :param consumer_name: the consumer (templated).
     :param checkpoint_table: its DynamoDB checkpoint table (templated).
     :param to: ``TRIM_HORIZON``, ``LATEST`` or an ISO 8601 timestamp (UTC) (templated).
-    :param dry_run: only log and return the per-shard positions it would set.
-    :param discard_pending: drop a pending batch first; the rewind takes its batch id, so the
-        discarded batch's output is deleted if local, else named in ``discarded_output``.
+    :param dry_run: only log and return the per-shard positions it would set, and what it would
+        discard.
+    :param discard_pending: drop a pending batch first (never one a live run holds); the rewind
+        takes its batch id, so the batch's directory under ``output_path`` is deleted if local.
+    :param output_path: the consumer's output root, the ``output_path`` of its
+        ``KinesisToSparkOperator`` (templated). Only ``{output_path}/batch_id=N`` of the discarded
+        batch ``N`` is ever deleted, and only when the stored plan names exactly it; without
+        ``output_path`` nothing is deleted. See :func:`airflow_kinesis_spark.core.admin.discard_pending`.
+    :param lease_seconds: the consumer's lease (seconds), its ``KinesisToSparkOperator``'s
+        ``lease_seconds``: a pending batch with a more recent heartbeat is left alone.
     :returns: (XCom) see :func:`airflow_kinesis_spark.core.admin.rewind`.
     :raises AirflowFailException: a batch is pending or another writer moved first (no retry).
+    :raises BatchLeaseHeldError: a live run holds the pending batch (retryable).
     """
 
-    template_fields: Sequence[str] = ("stream_name", "consumer_name", "checkpoint_table", "to", "aws_conn_id", "region_name")
+    template_fields: Sequence[str] = (
+        "stream_name", "consumer_name", "checkpoint_table", "to", "output_path", "aws_conn_id", "region_name",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -47,6 +59,8 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
         to: str,
         dry_run: bool = False,
         discard_pending: bool = False,
+        output_path: str | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         aws_conn_id: str | None = "aws_default",
         region_name: str | None = None,
         **kwargs: Any,
@@ -58,21 +72,95 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
         self.to = to
         self.dry_run = dry_run
         self.discard_pending = discard_pending
+        self.output_path = output_path
+        self.lease_seconds = lease_seconds
         self.aws_conn_id = aws_conn_id
         self.region_name = region_name
-
 
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
         owner = f"rewind.{self.task_id}.{uuid.uuid4().hex[:8]}"
         try:
-            result = rewind(self.kinesis_hook.conn, store, self.to, dry_run=self.dry_run,
-                            discard_pending=self.discard_pending, owner=owner)  # fmt: skip
+            result = rewind(self.kinesis_hook.conn, store, self.to, dry_run=self.dry_run, discard_pending=self.discard_pending,
+                            output_path=self.output_path or None, owner=owner, lease_seconds=self.lease_seconds)  # fmt: skip
         except CheckpointConflictError as err:
             raise AirflowFailException(str(err)) from err
         verb = "would set" if self.dry_run else "set"
         for shard_id, change in result["shards"].items():
             self.log.info("%s: %s -> %s (%s)", shard_id, change["from"], change["to"], verb)
+        if result["discarded_batch_id"] is not None:
+            self.log.warning("Pending batch %s %s: %s", result["discarded_batch_id"],
+                             "would be discarded" if self.dry_run else "discarded", result["discarded_output"])  # fmt: skip
         if not self.dry_run:
             self.log.info("Consumer %s rewound to %s as batch %s", self.consumer_name, self.to, result["batch_id"])
+        return result
+
+
+class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
+    """Drop a consumer's pending (planned, uncommitted) batch; its committed checkpoints stay.
+
+    For a pending batch that no longer fits its task (for example after the task's
+    ``output_path`` changed, which makes ``KinesisToSparkOperator`` refuse the stored plan): the
+    next run plans the same batch id anew from the committed checkpoints. Refused while a live
+    run holds the batch (``BatchLeaseHeldError``, retryable). The batch's own directory,
+    ``{output_path}/batch_id=N``, is deleted when local, and only when the stored plan names
+    exactly it: never a path read from the checkpoint table.
+
+    .. seealso:: docs/rewind.md
+
+    :param stream_name: the stream (templated).
+    :param consumer_name: the consumer (templated).
+    :param checkpoint_table: its DynamoDB checkpoint table (templated).
+    :param output_path: the consumer's output root, the ``output_path`` of its
+        ``KinesisToSparkOperator`` (templated); ``None``: nothing is deleted.
+    :param dry_run: only log and return what it would do.
+    :param lease_seconds: the consumer's lease (seconds), its ``KinesisToSparkOperator``'s
+        ``lease_seconds``: a pending batch with a more recent heartbeat belongs to a live run.
+    :returns: (XCom) see :func:`airflow_kinesis_spark.core.admin.discard_pending`.
+    :raises AirflowFailException: another writer moved first (no retry).
+    :raises BatchLeaseHeldError: a live run holds the pending batch (retryable).
+    """
+
+    template_fields: Sequence[str] = (
+        "stream_name", "consumer_name", "checkpoint_table", "output_path", "aws_conn_id", "region_name",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        stream_name: str,
+        consumer_name: str,
+        checkpoint_table: str,
+        output_path: str | None = None,
+        dry_run: bool = False,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.stream_name = stream_name
+        self.consumer_name = consumer_name
+        self.checkpoint_table = checkpoint_table
+        self.output_path = output_path
+        self.dry_run = dry_run
+        self.lease_seconds = lease_seconds
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
+        owner = f"discard.{self.task_id}.{uuid.uuid4().hex[:8]}"
+        try:
+            result = discard_pending(store, output_path=self.output_path or None, dry_run=self.dry_run, owner=owner,
+                                     lease_seconds=self.lease_seconds)  # fmt: skip
+        except CheckpointConflictError as err:
+            raise AirflowFailException(str(err)) from err
+        if result["discarded_batch_id"] is None:
+            self.log.info("Consumer %s has no pending batch (committed batch %s): nothing to discard",
+                          self.consumer_name, result["committed_batch_id"])  # fmt: skip
+        else:
+            self.log.warning("Pending batch %s of consumer %s (held by %s) %s: %s", result["discarded_batch_id"],
+                             self.consumer_name, result["holder"], "would be discarded" if self.dry_run else "discarded",
+                             result["discarded_output"])  # fmt: skip
         return result

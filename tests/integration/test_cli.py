@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+from datetime import datetime, timezone
 
 import click
 import pytest
 from click.testing import CliRunner
 
+from airflow_kinesis_spark import cli as cli_module
 from airflow_kinesis_spark.cli import main as cli
+from airflow_kinesis_spark.core.planner import plan_incremental
+from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from demo.producer import put_plain
 from demo.stack import free_port
@@ -65,7 +69,7 @@ def test_top_level_help_lists_exit_statuses():
     assert "Exit status:" in output and "2  a usage error" in output
 
 
-def test_json_stays_parseable_while_progress_is_shown(consumed, moto_endpoint):
+def test_json_stays_parseable_while_progress_is_shown(consumed, moto_endpoint, monkeypatch):
     args = [consumed.stream_name, "-c", "lake", "-t", consumed.table_name]
     result = invoke(CliRunner(env={**INTERACTIVE, "COLUMNS": "120"}), moto_endpoint, "checkpoints", *args, "--json")
     assert result.exit_code == 0, result.output
@@ -78,6 +82,7 @@ def test_json_stays_parseable_while_progress_is_shown(consumed, moto_endpoint):
     preview = json.loads(dry.stdout)
     assert preview["batch_id"] is None and {v["to"] for v in preview["shards"].values()} == {"TRIM_HORIZON"}
 
+    monkeypatch.setattr(cli_module, "_stdin_is_interactive", lambda: True)  # CliRunner's stdin is not a terminal
     done = invoke(CliRunner(env=INTERACTIVE), moto_endpoint, "rewind", *args, "--to", "LATEST", "--json", input="y\n")
     assert done.exit_code == 0, done.output
     assert "Set the checkpoints of 3 shards?" in done.stderr  # the prompt does not break the JSON either
@@ -139,3 +144,23 @@ def test_probes_stay_within_the_clients_connection_pool(kinesis, dynamodb, uniqu
         assert not [r for r in caplog.records if "Connection pool is full" in r.getMessage()]
     finally:
         kinesis.delete_stream(StreamName=unique_name)
+
+
+@pytest.mark.parametrize("command", [["rewind", "--to", "TRIM_HORIZON"], ["discard-pending"]], ids=lambda c: c[0])
+def test_a_change_without_yes_fails_when_stdin_is_not_a_terminal(consumed, kinesis, moto_endpoint, command):
+    """A piped "y" is not a confirmation: without --yes, a non-interactive run changes nothing and
+    says which flag to pass (a usage error, exit status 2)."""
+    if command[0] == "discard-pending":  # something to discard, whose lease expired
+        now = datetime.now(timezone.utc)
+        plan = plan_incremental(batch_id=2, stream_name=consumed.stream_name, consumer_name="lake",
+                                shards=list_shards(kinesis, consumed.stream_name),
+                                checkpoints=consumed.committed_checkpoints(), cutoff=now, now=now,
+                                output_location="/nowhere/batch_id=2")  # fmt: skip
+        consumed.begin(plan, "crashed-run")
+        consumed.release(2, "crashed-run")
+    before = consumed.head()
+    args = [consumed.stream_name, "-c", "lake", "-t", consumed.table_name]
+    result = invoke(CliRunner(), moto_endpoint, command[0], *args, *command[1:], input="y\n")
+    assert result.exit_code == 2, result.output
+    assert f"stdin is not a terminal, so {command[0]} cannot ask for confirmation: pass --yes" in result.output
+    assert consumed.head() == before

@@ -11,6 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from click.testing import CliRunner
 
+from airflow_kinesis_spark import cli as cli_module
 from airflow_kinesis_spark.cli import main as cli
 from airflow_kinesis_spark.core.planner import plan_incremental
 from airflow_kinesis_spark.core.positions import Sentinel, format_timestamp
@@ -89,15 +90,16 @@ def test_rewind_refuses_a_pending_batch_unless_discarded(consumed, kinesis, tmp_
                             shards=list_shards(kinesis, store.stream_name), checkpoints=store.committed_checkpoints(),
                             cutoff=now, now=now, output_location="x")  # fmt: skip
     store.begin(plan, "crashed-run")
-    with pytest.raises(AirflowFailException, match="has pending batch 2 .held by crashed-run"):
+    with pytest.raises(AirflowFailException, match=r"has pending batch 2 .held by crashed-run.*--discard-pending"):
         rewind_op(store, "TRIM_HORIZON").execute({})
     plan_output = tmp_path / "batch_id=2"
     (plan_output / "part-0.parquet").parent.mkdir(parents=True)
     (plan_output / "part-0.parquet").write_bytes(b"written by the crashed run")
     store.discard_pending(2, "crashed-run")
     store.begin(replace(plan, output_location=str(plan_output)), "crashed-run-2")
-    result = rewind_op(store, "TRIM_HORIZON", discard_pending=True).execute({})
-    assert result["discarded_batch_id"] == 2 and result["batch_id"] == 2
+    store.release(2, "crashed-run-2")  # the crashed run's lease expired
+    result = rewind_op(store, "TRIM_HORIZON", discard_pending=True, output_path=str(tmp_path)).execute({})
+    assert result["discarded_batch_id"] == 2 and result["batch_id"] == 2 and result["holder"] == "crashed-run-2"
     # the rewind commits batch 2: the discarded attempt's files must not pass for its output
     assert result["discarded_output"] == f"deleted {plan_output}" and not plan_output.exists()
     assert store.head().pending_batch_id is None and store.head().committed_batch_id == 2
@@ -111,7 +113,7 @@ def test_rewind_rejects_a_future_or_malformed_target(consumed):
         rewind_op(store, "yesterday").execute({})
 
 
-def test_cli_lists_checkpoints_and_lag_and_rewinds(consumed, moto_endpoint):
+def test_cli_lists_checkpoints_and_lag_and_rewinds(consumed, moto_endpoint, monkeypatch):
     store, *_ = consumed
     base = ["--endpoint-url", moto_endpoint, "--region", REGION]
     args = [store.stream_name, "-c", "lake", "-t", store.table_name]
@@ -123,8 +125,10 @@ def test_cli_lists_checkpoints_and_lag_and_rewinds(consumed, moto_endpoint):
     assert as_json["committed_batch_id"] == 1 and as_json["lag"]["shards_with_unconsumed"]
     dry = runner.invoke(cli, [*base, "rewind", *args, "--to", "TRIM_HORIZON", "--dry-run"])
     assert dry.exit_code == 0 and "TRIM_HORIZON" in dry.output and store.head().committed_batch_id == 1
+    monkeypatch.setattr(cli_module, "_stdin_is_interactive", lambda: True)  # CliRunner's stdin is not a terminal
     refused = runner.invoke(cli, [*base, "rewind", *args, "--to", "TRIM_HORIZON"], input="n\n")
-    assert refused.exit_code != 0 and store.head().committed_batch_id == 1
+    assert refused.exit_code == 1 and "Set these checkpoints? [y/N]: n\nAborted!" in refused.output
+    assert store.head().committed_batch_id == 1
     done = runner.invoke(cli, [*base, "rewind", *args, "--to", "TRIM_HORIZON", "--yes"])
     assert done.exit_code == 0 and "Rewound as batch 2" in done.output
     bad = runner.invoke(cli, [*base, "rewind", *args, "--to", "yesterday", "--yes"])
