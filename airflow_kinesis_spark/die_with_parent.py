@@ -1,4 +1,5 @@
-"""Run a command that is killed when the process that started it dies (Linux ``PR_SET_PDEATHSIG``).
+"""Run a command that is killed when the process that started it dies (Linux ``PR_SET_PDEATHSIG``),
+without the starting process's Airflow environment variables.
 
 ``python -m airflow_kinesis_spark.die_with_parent PARENT_PID -- COMMAND ARGS...`` sets the
 parent-death signal to ``SIGKILL``, checks that ``PARENT_PID`` is still its parent (the parent may
@@ -8,7 +9,12 @@ process id, so the caller can still kill it; the signal survives ``execve``, Lin
 A worker killed hard (OOM killer, ``kill -9``) would otherwise leave a local or client-mode Spark
 job running, which could write the batch's output after a retry started writing it. This
 replaces ``subprocess.Popen(preexec_fn=...)``, which is not safe in a process with threads (the
-lease heartbeat runs in one; Python's subprocess documentation). Standard library only.
+lease heartbeat runs in one; Python's subprocess documentation).
+
+The command gets this process's environment without :data:`SCRUBBED_ENV_PREFIXES`: an Airflow
+worker's ``AIRFLOW_CONN_*`` (connections, with their secrets), ``AIRFLOW_VAR_*`` and
+``AIRFLOW__*`` (configuration such as the database URL or the Fernet key) never reach Spark's
+processes, which need none of them. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ import os
 import signal
 import sys
 
-__all__ = ["command", "main"]
+__all__ = ["command", "main", "SCRUBBED_ENV_PREFIXES"]
+
+#: Environment variables the command does not inherit (Airflow's own).
+SCRUBBED_ENV_PREFIXES = ("AIRFLOW_", "_AIRFLOW")
 
 #: ``prctl`` option that sets the parent-death signal (``<linux/prctl.h>``).
 PR_SET_PDEATHSIG = 1
@@ -45,7 +54,8 @@ def main(args: list[str]) -> int:
         elif os.getppid() != parent:
             print("airflow_kinesis_spark: the Airflow worker exited before the Spark job started; not starting it", file=sys.stderr)
             return 1
-    os.execvp(argv[0], argv)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
+    os.execvpe(argv[0], argv, env)
     return 1  # not reached
 
 

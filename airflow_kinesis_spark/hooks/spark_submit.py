@@ -16,7 +16,9 @@ class BatchSparkSubmitHook(SparkSubmitHook):
 
     The apache-spark provider falls back to YARN without a connection; a DAG author trying the
     provider on a laptop expects a local Spark. Every other behaviour (command line, masking,
-    ``on_kill``, YARN/Kubernetes/standalone) is the provider's.
+    ``on_kill``, YARN/Kubernetes/standalone) is the provider's, except that spark-submit
+    runs through :mod:`airflow_kinesis_spark.die_with_parent`: it dies with the worker and does
+    not inherit Airflow's environment variables.
     """
 
     def _resolve_connection(self) -> dict[str, Any]:
@@ -30,7 +32,8 @@ class BatchSparkSubmitHook(SparkSubmitHook):
 
     def _build_spark_submit_command(self, application: str) -> list[str]:
         """The provider's command, run through :mod:`airflow_kinesis_spark.die_with_parent`: the
-        job gets ``SIGKILL`` when this worker process dies (Linux), without ``preexec_fn``."""
+        job gets ``SIGKILL`` when this worker process dies (Linux), without ``preexec_fn``, and
+        none of the worker's ``AIRFLOW_*`` environment variables."""
         return die_with_parent.command(super()._build_spark_submit_command(application))
 
     @property

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from airflow.providers.apache.spark.hooks import spark_submit as spark_submit_module
 
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
@@ -21,17 +25,38 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 FAILING_TRANSFORM = Path(__file__).resolve().parents[1] / "spark" / "failing_transform.py"
 
 
+def environ_after_exec(pid: int) -> dict[str, str]:
+    """``/proc/PID/environ`` once the wrapper (``die_with_parent``) has exec'd spark-submit."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+        if b"spark-submit" in cmdline and b"die_with_parent" not in cmdline:  # past fork and both execs
+            break
+        time.sleep(0.005)
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        return dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
+
+
 @pytest.fixture
 def spark_calls(monkeypatch):
     """Record every spark-submit: command line and environment."""
     calls: list[dict] = []
     original = BatchSparkSubmitHook.submit
+    real_popen = subprocess.Popen
 
     def submit(self, application: str = "", **kwargs):
         calls.append({"cmd": self._build_spark_submit_command(application), "env": dict(self._env or {})})
         return original(self, application, **kwargs)
 
+    def popen(*args, **kwargs):  # the environment the spark-submit process really runs with
+        process = real_popen(*args, **kwargs)
+        if calls and args and list(args[0]) == calls[-1]["cmd"]:
+            calls[-1]["process_env"] = environ_after_exec(process.pid)
+        return process
+
     monkeypatch.setattr(BatchSparkSubmitHook, "submit", submit)
+    monkeypatch.setattr(spark_submit_module.subprocess, "Popen", popen)
     return calls
 
 
@@ -90,7 +115,11 @@ def test_batches_are_exactly_once_and_leak_no_credentials(
     # session policy from GetFederationToken): the connection's long-lived keys never leave the worker.
     for call in spark_calls:
         assert call["env"]["AWS_SESSION_TOKEN"] and call["env"]["AWS_ACCESS_KEY_ID"] != TEST_ACCESS_KEY
-        assert TEST_SECRET_KEY not in json.dumps(call["env"]) and TEST_ACCESS_KEY not in json.dumps(call["env"])
+        # the whole environment of the Spark processes: not even the worker's AIRFLOW_CONN_AWS_DEFAULT
+        process_env = {k.decode(): v.decode() for k, v in call["process_env"].items()}
+        assert process_env["AWS_SESSION_TOKEN"] == call["env"]["AWS_SESSION_TOKEN"]
+        leaked = sorted(k for k, v in process_env.items() if TEST_SECRET_KEY in v or TEST_ACCESS_KEY in v)
+        assert leaked == [], leaked
         assert TEST_SECRET_KEY not in " ".join(call["cmd"]) and TEST_ACCESS_KEY not in " ".join(call["cmd"])
     items = dynamodb.scan(TableName=f"{unique_name}_ckpt")["Items"]
     stored = json.dumps(items)

@@ -27,7 +27,27 @@ def connections(monkeypatch, moto_endpoint, spark_connect_endpoint):
     monkeypatch.setattr(BatchSparkSubmitHook, "submit", lambda *a, **k: pytest.fail("spark-submit must not run"))
 
 
-def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name, tmp_path, capfd):
+def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name, tmp_path, capfd, monkeypatch):
+    from pyspark import cloudpickle
+
+    from airflow_kinesis_spark.hooks import spark as runners
+
+    shipped: list[bytes] = []
+    load = runners._load_job_module
+
+    def spying_load():  # what goes to the server: the pickled read function and its arguments
+        job = load()
+        run = job.run
+
+        def spy(spark, plan, transform, aws_env, options):
+            shipped.append(cloudpickle.dumps(job.make_reader_function(plan["stream_name"], aws_env, options)))
+            shipped.append(json.dumps([plan, aws_env, options]).encode())
+            return run(spark, plan, transform, aws_env, options)
+
+        job.run = spy
+        return job
+
+    monkeypatch.setattr(runners, "_load_job_module", spying_load)
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"10.1.1.{i % 9}", f"line {i}".encode()) for i in range(120)])
     produced += put_aggregated(kinesis, unique_name, [(f"10.1.1.{i % 4}", f"agg {i}".encode()) for i in range(80)])
@@ -54,6 +74,9 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     assert "log_parsed" in pq.read_schema(next((output / "batch_id=1").glob("*.parquet"))).names
     captured = capfd.readouterr()
     assert TEST_SECRET_KEY not in captured.out + captured.err
+    # only scoped temporary credentials reach the server, never the connection's long-lived keys
+    assert len(shipped) == 4 and b"AWS_SESSION_TOKEN" in shipped[1]
+    assert all(TEST_SECRET_KEY.encode() not in blob and TEST_ACCESS_KEY.encode() not in blob for blob in shipped)
     # the process is not left marked as a Spark Connect client (a later spark-submit would fail)
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_REMOTE" not in os.environ
 

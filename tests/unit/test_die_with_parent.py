@@ -51,3 +51,9 @@ def test_a_parent_that_is_already_gone_starts_nothing():
     wrapped = die_with_parent.command(["true"], parent_pid=1 if os.getppid() != 1 else 2)
     result = subprocess.run(wrapped, capture_output=True, text=True)
     assert result.returncode == 1 and "exited before the Spark job started" in result.stderr
+
+
+def test_the_command_does_not_inherit_airflow_environment_variables():
+    env = {**os.environ, "AIRFLOW_CONN_AWS_DEFAULT": '{"password": "s3cret"}', "AIRFLOW__CORE__FERNET_KEY": "k", "KEEP_ME": "1"}
+    shown = subprocess.run(die_with_parent.command(["env"]), env=env, capture_output=True, text=True, check=True).stdout
+    assert "KEEP_ME=1" in shown and "s3cret" not in shown and "AIRFLOW__CORE__FERNET_KEY" not in shown
