@@ -123,6 +123,9 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         ``KinesisStreamHook.job_credentials``), ``connection`` (the connection's own credentials)
         or ``none`` (the cluster's own role: instance profile, IRSA, EMR execution role). On YARN
         and Kubernetes masters none are shipped whatever this says.
+    :param point_in_time_recovery: create the checkpoint table with point-in-time recovery
+        (billed per GB-month of table size; see docs/iam.md). Tables that exist are left as they are.
+    :param deletion_protection: create the checkpoint table with deletion protection (free).
     :param keep_batches: batches of the checkpoint table's batch log to keep (plans, reports and
         checkpoints of older batches get a DynamoDB TTL and are deleted by DynamoDB, typically
         within a few days); the committed and the pending batch never expire.
@@ -203,9 +206,13 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         output_asset: bool = True,
         keep_batches: int = DEFAULT_KEEP_BATCHES,
         job_credentials: str = "scoped",
+        point_in_time_recovery: bool = True,
+        deletion_protection: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.point_in_time_recovery = point_in_time_recovery
+        self.deletion_protection = deletion_protection
         self.keep_batches = keep_batches
         self.job_credentials = job_credentials
         self.lease_seconds = lease_seconds
@@ -316,8 +323,10 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         return operator_lineage(stream_name=self.stream_name, region=region, output_path=self.output_path, summary=self._outcome)
 
     def _run_batch(self, context: Context) -> dict[str, Any]:
-        store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name,
-                                               keep_batches=self.keep_batches)  # fmt: skip
+        store = self.checkpoint_hook.get_store(
+            self.checkpoint_table, self.stream_name, self.consumer_name, keep_batches=self.keep_batches,
+            point_in_time_recovery=self.point_in_time_recovery, deletion_protection=self.deletion_protection,
+        )  # fmt: skip
         store.ensure_table()
         settings = IncrementalSettings(
             stream_name=self.stream_name,
