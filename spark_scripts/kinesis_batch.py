@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from airflow_kinesis_spark.core.reader import ReadOptions
+from airflow_kinesis_spark.core.schema import arrow_schema, spark_ddl
 from airflow_kinesis_spark.core.transform import resolve_transform
 
 log = logging.getLogger("airflow_kinesis_spark.spark_job")
@@ -54,11 +56,9 @@ AWS_ENV_VARS = (
     "AWS_CA_BUNDLE",
 )
 
-OUTPUT_COLUMNS = (
-    "stream_name string, shard_id string, sequence_number string, sub_sequence_number long, "
-    "partition_key string, explicit_hash_key string, approximate_arrival_timestamp timestamp, data binary"
-)
-RAW_SCHEMA = OUTPUT_COLUMNS + ", _quarantine_reason string, _report string"
+#: What ``mapInArrow`` yields: the output columns (``core.schema``), then the quarantine reason of
+#: a corrupt Kinesis record and the per-range report row, both filtered out of the output.
+RAW_SCHEMA = spark_ddl(("_quarantine_reason", "string"), ("_report", "string"))
 #: Quarantine output, under ``{output_location}/_quarantine`` (a ``_`` folder: Spark's readers skip it).
 QUARANTINE_DIR = "_quarantine"
 
@@ -68,9 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plan-file", required=True, help="the batch plan (JSON)")
     parser.add_argument("--report-file", required=True, help="where to write the per-shard report (JSON)")
     parser.add_argument("--transform", default=None, help="optional module:function, DataFrame -> DataFrame")
-    parser.add_argument("--limit", type=int, default=10_000, help="GetRecords Limit (1..10,000)")
-    parser.add_argument("--min-call-interval", type=float, default=0.2, help="seconds between GetRecords calls per shard")
-    parser.add_argument("--read-bytes-per-second", type=float, default=2 * 1024 * 1024,
+    defaults = ReadOptions()  # the readers' settings and their defaults live there
+    parser.add_argument("--limit", type=int, default=defaults.limit, help="GetRecords Limit (1..10,000)")
+    parser.add_argument("--min-call-interval", type=float, default=defaults.min_call_interval,
+                        help="seconds between GetRecords calls per shard")
+    parser.add_argument("--read-bytes-per-second", type=float, default=defaults.read_bytes_per_second,
                         help="per-shard read budget the readers pace themselves to (0: no pacing)")
     parser.add_argument("--read-tasks", type=int, default=0, help="Spark tasks reading the ranges (0: default parallelism)")
     parser.add_argument("--records-expected", action="store_true",
@@ -79,14 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def reader_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The readers' settings from the command line (also what the Spark Connect path passes)."""
-    return {
-        "limit": args.limit,
-        "min_call_interval": args.min_call_interval,
-        "read_bytes_per_second": args.read_bytes_per_second or None,
-        "read_tasks": args.read_tasks or None,
-        "records_expected": args.records_expected,
-    }
+    """The readers' settings from the command line (``ReadOptions.job_args`` wrote them; the
+    Spark Connect path passes ``ReadOptions.job_options`` directly)."""
+    options = ReadOptions(limit=args.limit, min_call_interval=args.min_call_interval,
+                          read_bytes_per_second=args.read_bytes_per_second or None, read_tasks=args.read_tasks or None)  # fmt: skip
+    return options.job_options(args.records_expected)
 
 
 def build_session(app_name: str) -> Any:
@@ -130,20 +129,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                 max_pool_connections=max(10, 2 * len(ranges)),
             ),
         )
-        schema = pa.schema(
-            [
-                ("stream_name", pa.string()),
-                ("shard_id", pa.string()),
-                ("sequence_number", pa.string()),
-                ("sub_sequence_number", pa.int64()),
-                ("partition_key", pa.string()),
-                ("explicit_hash_key", pa.string()),
-                ("approximate_arrival_timestamp", pa.timestamp("us", tz="UTC")),
-                ("data", pa.binary()),
-                ("_quarantine_reason", pa.string()),
-                ("_report", pa.string()),
-            ]
-        )
+        schema = arrow_schema(("_quarantine_reason", "string"), ("_report", "string"))
         readers = [
             ShardReader(
                 client, stream_name, rng, limit=options["limit"], min_call_interval=options["min_call_interval"],
