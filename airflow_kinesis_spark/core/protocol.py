@@ -190,7 +190,7 @@ def run_incremental(
         head = store.take_over(plan.batch_id, owner, settings.lease_seconds)
         reports = store.pending_report(head)
         if reports is not None:
-            log.info("Batch %d's output was already written; committing without re-running the job", plan.batch_id)
+            log.info("Batch %d's output was already written; committing without re-running Spark", plan.batch_id)
             return _commit(store, plan, reports, validate_report(plan, reports), owner, reused=True)
         return _run_job_and_commit(store, job, plan, owner, settings.lease_seconds, records_expected=False, reused=True)
 

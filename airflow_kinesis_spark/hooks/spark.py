@@ -286,9 +286,7 @@ def check_spark_connect(url: str, conn_id: str) -> None:
     :raises EndpointUnreachableError: naming the connection and ``sc://host:port`` (never the token).
     """
     import grpc
-    from pyspark.sql.connect.client import DefaultChannelBuilder
-
-    builder = DefaultChannelBuilder(url)
+    builder = _channel_builder(url)
     channel = builder.toChannel()
     try:
         grpc.channel_ready_future(channel).result(timeout=CONNECT_READY_TIMEOUT)
@@ -302,6 +300,15 @@ def check_spark_connect(url: str, conn_id: str) -> None:
         ) from None  # fmt: skip
     finally:
         channel.close()
+
+
+def _channel_builder(url: str) -> Any:
+    """PySpark's parser of ``sc://`` URLs (``DefaultChannelBuilder``; ``ChannelBuilder`` before Spark 4)."""
+    try:
+        from pyspark.sql.connect.client import DefaultChannelBuilder as builder_class
+    except ImportError:
+        from pyspark.sql.connect.client import ChannelBuilder as builder_class
+    return builder_class(url)
 
 
 def _is_loopback(host: str) -> bool:
@@ -322,9 +329,7 @@ def check_connect_transport(url: str, conn_id: str, *, allow_insecure: bool = Fa
 
     :raises ValueError: naming the connection, the server (never the token) and the fix.
     """
-    from pyspark.sql.connect.client import DefaultChannelBuilder
-
-    builder = DefaultChannelBuilder(url)
+    builder = _channel_builder(url)
     if builder.secure or _is_loopback(builder.host) or allow_insecure:
         return
     raise ValueError(
