@@ -110,7 +110,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         same time, one thread per range. ``None``: Spark's default parallelism (at most one task
         per range).
     :param spark_connect_reuse_session: over Spark Connect, keep one server session per
-        consumer (its id derived from stream and consumer names) across batches, so a warm batch
+        consumer across batches (its id an HMAC of stream and consumer names keyed by a secret of
+        this worker or the connection's ``session_secret`` extra: no other client can guess it), so a warm batch
         pays neither an artifact upload nor a Python worker start. The server drops it after its
         idle timeout (``spark.connect.session.manager.defaultSessionTimeout``); a session it no
         longer accepts is replaced by a new one.
