@@ -12,7 +12,7 @@ never see any of it.
 * :class:`SparkConnectJob` — the job in this process against a running Spark Connect server
   (connection type ``spark_connect``): no JVM start per batch.
 
-:func:`spark_job_for` picks one from the connection's type. A third runner only has to implement
+:func:`spark_job_for` picks one from the connection's type; :class:`SparkJob` does so on first use. A third runner only has to implement
 ``run(plan, records_expected=...)`` and ``kill()``.
 
 pyspark and the apache-spark provider are imported when a runner runs, not when this module
@@ -57,6 +57,7 @@ __all__ = [
     "SparkSubmitJob",
     "SparkConnectJob",
     "spark_job_for",
+    "SparkJob",
     "spark_script_path",
     "CONNECT_ENV_VARS",
     "CONNECT_READY_TIMEOUT",
@@ -482,6 +483,26 @@ class SparkConnectJob:
         for artifact in artifacts:
             spark.addArtifacts(artifact, pyfile=True)
         return spark
+
+
+class SparkJob:
+    """The batch's Spark job on the ``spark_conn_id`` connection: the runner
+    (:func:`spark_job_for`) is chosen when the job first runs, so a run that needs no job (no new
+    records) never looks the Spark connection up."""
+
+    def __init__(self, settings: SparkJobSettings, session_scope: str = "KinesisToSparkOperator") -> None:
+        self.settings = settings
+        self.session_scope = session_scope
+        self.runner: SparkSubmitJob | SparkConnectJob | None = None
+
+    def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
+        if self.runner is None:
+            self.runner = spark_job_for(self.settings, self.session_scope)
+        return self.runner.run(plan, records_expected=records_expected)
+
+    def kill(self) -> None:
+        if self.runner is not None:
+            self.runner.kill()
 
 
 def spark_job_for(settings: SparkJobSettings, session_scope: str = "KinesisToSparkOperator") -> SparkSubmitJob | SparkConnectJob:

@@ -35,7 +35,7 @@ from airflow_kinesis_spark.exceptions import (
     ReportValidationError,
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
-from airflow_kinesis_spark.hooks.spark import JOB_CREDENTIALS, SparkJobSettings, spark_job_for, spark_script_path
+from airflow_kinesis_spark.hooks.spark import JOB_CREDENTIALS, SparkJob, SparkJobSettings, spark_script_path
 from airflow_kinesis_spark.lineage import asset_event_extra, asset_for_output, operator_lineage, output_uri
 
 __all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
@@ -356,13 +356,14 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
 
     @cached_property
     def spark_job(self) -> Any:
-        """Where the batch's Spark job runs (``hooks.spark.spark_job_for`` the ``spark_conn_id`` connection)."""
+        """Where the batch's Spark job runs (``hooks.spark.SparkJob``: the runner for the
+        ``spark_conn_id`` connection, chosen when a job is needed)."""
         settings = SparkJobSettings(
             spark_conn_id=self.spark_conn_id, kinesis_hook=self.kinesis_hook, read_options=self.read_options,
             transform=self.transform, spark_conf=dict(self.spark_conf or {}), py_files=self.spark_py_files,
             reuse_connect_session=self.spark_connect_reuse_session, job_credentials=self.job_credentials,
         )  # fmt: skip
-        return spark_job_for(settings, session_scope=type(self).__name__)
+        return SparkJob(settings, session_scope=type(self).__name__)
 
     def _cutoff(self, context: Context, now: datetime) -> datetime:
         if self.cutoff:
