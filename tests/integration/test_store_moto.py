@@ -120,7 +120,9 @@ def test_ensure_table_is_idempotent_and_keeps_state(dynamodb, unique_name):
     other(store).ensure_table()
     assert store.head().committed_batch_id == 1
     assert store.committed_checkpoints() == committed
-    assert [t for t in dynamodb.list_tables()["TableNames"] if t == unique_name] == [unique_name]
+    # ListTables answers at most 100 names a page (DynamoDB API reference): page through all of them
+    names = [t for page in dynamodb.get_paginator("list_tables").paginate() for t in page["TableNames"]]
+    assert [t for t in names if t == unique_name] == [unique_name]
 
 
 def test_second_consumer_on_existing_table_gets_its_own_head(store):
