@@ -150,7 +150,7 @@ def test_kinesis_and_dynamodb_on_different_endpoints(monkeypatch, moto_endpoint,
     assert kinesis_hook.spark_environment()["AWS_ENDPOINT_URL_KINESIS"] == kinesalite_endpoint
     store = dynamodb_hook.get_store(f"{unique_name}_t", unique_name, "lake")
     store.ensure_table()
-    assert f"{unique_name}_t" in dynamodb.list_tables()["TableNames"]  # the table is in moto
+    assert f"{unique_name}_t" in [t for page in dynamodb.get_paginator("list_tables").paginate() for t in page["TableNames"]]  # the table is in moto
 
     # a committed batch (kinesalite's 56-digit sequence numbers), listed by the CLI through the connection
     put_plain(kinesalite, unique_name, [(f"k{i}", f"r{i}".encode()) for i in range(6)])

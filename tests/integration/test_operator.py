@@ -178,7 +178,7 @@ def test_bad_arguments_fail_before_any_io(kwargs, message, aws_conn, kinesis, dy
             "checkpoint_table": f"{unique_name}_ckpt", "output_path": str(tmp_path / "o")} | kwargs  # fmt: skip
     with pytest.raises(ValueError, match=message):
         KinesisToSparkOperator(**args).execute({})
-    assert f"{unique_name}_ckpt" not in dynamodb.list_tables()["TableNames"]
+    assert f"{unique_name}_ckpt" not in [t for page in dynamodb.get_paginator("list_tables").paginate() for t in page["TableNames"]]
 
 
 def test_unwritable_output_path_fails_before_any_io(aws_conn, kinesis, dynamodb, tmp_path, unique_name):
@@ -187,7 +187,7 @@ def test_unwritable_output_path_fails_before_any_io(aws_conn, kinesis, dynamodb,
     blocker.write_text("not a directory")
     with pytest.raises(ValueError, match="cannot be written: .* is a file, not a directory"):
         operator(unique_name, blocker / "out").execute({})
-    assert f"{unique_name}_ckpt" not in dynamodb.list_tables()["TableNames"]
+    assert f"{unique_name}_ckpt" not in [t for page in dynamodb.get_paginator("list_tables").paginate() for t in page["TableNames"]]
 
 
 def test_missing_stream_names_stream_region_and_endpoint(aws_conn, moto_endpoint, dynamodb, tmp_path, unique_name):
