@@ -79,6 +79,20 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     assert all(TEST_SECRET_KEY.encode() not in blob and TEST_ACCESS_KEY.encode() not in blob for blob in shipped)
     # the process is not left marked as a Spark Connect client (a later spark-submit would fail)
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_REMOTE" not in os.environ
+    # nor does the consumer's reusable server session keep them in its state (its conf)
+    from pyspark.sql import SparkSession
+
+    from airflow_kinesis_spark.hooks.spark import connect_session_id, session_secret, with_session_id
+
+    conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_TEST"])
+    session_id = connect_session_id(session_secret(), "KinesisToSparkOperator", unique_name, "lake")
+    session = SparkSession.builder.remote(with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)).getOrCreate()
+    state = json.dumps(session.conf.getAll)
+    session.stop()
+    for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):  # set by this test's own client
+        os.environ.pop(key, None)
+    assert "spark.airflow_kinesis_spark.artifacts_sha256" in state  # the consumer's session, read back
+    assert TEST_SECRET_KEY not in state and TEST_ACCESS_KEY not in state
 
 
 def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections, kinesis, unique_name, tmp_path, caplog, capfd):
