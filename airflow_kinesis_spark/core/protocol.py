@@ -178,7 +178,7 @@ def run_incremental(
     head = store.head()
     plan = store.pending_plan(head)
     if plan is not None:
-        check_pending_plan(plan, head.pending_batch_id, store, settings)
+        check_pending_plan(plan, head, store, settings)
     if plan is not None and _pending_plan_gaps(kinesis, store, plan, settings, owner, now):
         plan = None  # discarded (allow_data_loss): planned anew below, from the oldest records kept
         head = store.head()
@@ -194,7 +194,7 @@ def run_incremental(
             return _commit(store, plan, reports, validate_report(plan, reports), owner, reused=True)
         return _run_job_and_commit(store, job, plan, owner, settings.lease_seconds, records_expected=False, reused=True)
 
-    plan = plan_batch(kinesis, store, settings, head.committed_batch_id + 1, now)
+    plan = plan_batch(kinesis, store, settings, head.committed_batch_id + 1, now, head=head)
     if not plan.ranges:
         log.info("No shard to read: every shard is at SHARD_END or waiting for its parents (%s)", dict(plan.waiting))
         return incremental_summary(plan, [], plan.checkpoints, "no_new_records", reused=False)
@@ -207,8 +207,13 @@ def run_incremental(
     )
 
 
-def plan_batch(kinesis: Any, store: Any, settings: IncrementalSettings, batch_id: int, now: datetime) -> BatchPlan:
+def plan_batch(
+    kinesis: Any, store: Any, settings: IncrementalSettings, batch_id: int, now: datetime, *, head: Any = None
+) -> BatchPlan:
     """Plan batch ``batch_id`` from the committed checkpoints and the shard lineage; nothing persisted.
+
+    :param head: the store's head item as the caller read it (``None``: read it here), so a run
+        reads the head once.
 
     :raises DataLossError: a checkpoint fell behind the trim horizon, or a checkpointed shard
         vanished before ``SHARD_END``, without ``allow_data_loss``.
@@ -218,7 +223,7 @@ def plan_batch(kinesis: Any, store: Any, settings: IncrementalSettings, batch_id
         stream_name=settings.stream_name,
         consumer_name=settings.consumer_name,
         shards=list_shards(kinesis, settings.stream_name),
-        checkpoints=store.committed_checkpoints(),
+        checkpoints=store.committed_checkpoints(head),
         cutoff=settings.cutoff,
         now=now,
         output_location=batch_output_location(settings.output_root, batch_id),
@@ -246,7 +251,7 @@ def plan_batch(kinesis: Any, store: Any, settings: IncrementalSettings, batch_id
     return plan
 
 
-def check_pending_plan(plan: BatchPlan, pending_batch_id: int | None, store: Any, settings: IncrementalSettings) -> None:
+def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> None:
     """Check a pending plan read from the checkpoint table against what this task would plan.
 
     The table is state anyone with write access to it can change, so a stored plan is re-used
@@ -256,8 +261,10 @@ def check_pending_plan(plan: BatchPlan, pending_batch_id: int | None, store: Any
     checkpoints (each range starts after the shard's committed checkpoint, or, for a shard
     without one or with a recorded trim gap, at a sentinel).
 
+    :param head: the store's head item the plan was read through.
     :raises PendingPlanMismatchError: naming each difference and the fix; nothing read or written.
     """
+    pending_batch_id = head.pending_batch_id
     expected: dict[str, Any] = {
         "batch id": pending_batch_id,
         "mode": "incremental",
@@ -276,7 +283,7 @@ def check_pending_plan(plan: BatchPlan, pending_batch_id: int | None, store: Any
     }
     problems = [f"{k}: the plan has {stored[k]!r}, this task has {v!r}" for k, v in expected.items() if stored[k] != v]
     if not problems:
-        committed = {k: v.to_dict() for k, v in store.committed_checkpoints().items()}
+        committed = {k: v.to_dict() for k, v in store.committed_checkpoints(head).items()}
         if {k: v.to_dict() for k, v in plan.checkpoints.items()} != committed:
             problems.append("checkpoints: the plan starts from checkpoints other than the committed ones")
         for rng in plan.ranges:

@@ -58,6 +58,7 @@ __all__ = [
     "SparkConnectJob",
     "spark_job_for",
     "SparkJob",
+    "validate_job_credentials",
     "spark_script_path",
     "CONNECT_ENV_VARS",
     "CONNECT_READY_TIMEOUT",
@@ -86,6 +87,18 @@ LOCAL_UI_CONF = {
 #: What the job's AWS credentials may be: temporary and scoped to the stream (default), the
 #: connection's own, or none (the cluster's own role: instance profile, IRSA, EMR execution role).
 JOB_CREDENTIALS = ("scoped", "connection", "none")
+
+
+def validate_job_credentials(value: str) -> str:
+    """Return ``value`` if it is one of :data:`JOB_CREDENTIALS`.
+
+    :raises ValueError: naming the allowed values.
+    """
+    if value not in JOB_CREDENTIALS:
+        raise ValueError(f"job_credentials must be one of {', '.join(JOB_CREDENTIALS)}; got {value!r}")
+    return value
+
+
 #: Session conf holding the digest of the artifacts a reused Spark Connect session already has.
 ARTIFACTS_CONF = "spark.airflow_kinesis_spark.artifacts_sha256"
 
@@ -144,8 +157,7 @@ class SparkJobSettings:
     job_credentials: str = "scoped"
 
     def __post_init__(self) -> None:
-        if self.job_credentials not in JOB_CREDENTIALS:
-            raise ValueError(f"job_credentials must be one of {', '.join(JOB_CREDENTIALS)}; got {self.job_credentials!r}")
+        validate_job_credentials(self.job_credentials)
 
     def aws_environment(self, plan: BatchPlan, *, cluster_role: bool = False) -> dict[str, str]:
         """The job's AWS environment: region, endpoint and, unless the job uses its cluster's own

@@ -35,7 +35,7 @@ from airflow_kinesis_spark.exceptions import (
     ReportValidationError,
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
-from airflow_kinesis_spark.hooks.spark import JOB_CREDENTIALS, SparkJob, SparkJobSettings, spark_script_path
+from airflow_kinesis_spark.hooks.spark import SparkJob, SparkJobSettings, spark_script_path, validate_job_credentials
 from airflow_kinesis_spark.lineage import asset_event_extra, asset_for_output, operator_lineage, output_uri
 
 __all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
@@ -259,8 +259,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None; got {value!r}")
         self.read_options  # noqa: B018 - builds and checks the reader settings
-        if self.job_credentials not in JOB_CREDENTIALS:
-            raise ValueError(f"job_credentials must be one of {', '.join(JOB_CREDENTIALS)}; got {self.job_credentials!r}")
+        validate_job_credentials(self.job_credentials)
         if not self.lease_seconds or self.lease_seconds <= 0:
             raise ValueError(f"lease_seconds must be > 0 seconds; got {self.lease_seconds!r}")
         if self.initial_position not in INITIAL_POSITIONS:

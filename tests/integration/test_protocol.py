@@ -358,3 +358,13 @@ def test_an_honest_pending_plan_is_reused(kinesis, store, unique_name):
     _plant(kinesis, store, unique_name)
     summary = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
     assert summary["reused_plan"] and summary["status"] == "committed" and summary["records"] == 1
+
+
+def test_a_run_reads_the_head_item_once(kinesis, dynamodb, store, unique_name):
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a")])
+    run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
+    reads: list[str] = []
+    dynamodb.meta.events.register("before-parameter-build.dynamodb.GetItem", lambda params, **_: reads.append(params["Key"]["sk"]["S"]))
+    idle = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-2")
+    assert idle["status"] == "no_new_records" and reads == ["HEAD"]
