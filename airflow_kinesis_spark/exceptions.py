@@ -17,6 +17,8 @@ __all__ = [
     "CorruptAggregateError",
     "ReportValidationError",
     "EndpointUnreachableError",
+    "PendingPlanMismatchError",
+    "ReportNotRecordedError",
 ]
 
 
@@ -88,3 +90,9 @@ class EndpointUnreachableError(KinesisSparkError):
     Raised by the first use of a connection (see ``core.admin.check_endpoint``), before anything
     is read or written.
     """
+
+
+class ReportNotRecordedError(KinesisSparkError):
+    """A commit found the pending batch without a recorded report: its job has not finished, or
+    ended without recording one. Nothing is committed. Retryable: the commit succeeds once the job
+    (or a re-run of it) records the report."""

@@ -1,8 +1,18 @@
 """PySpark job: read a planned batch of Kinesis shard ranges, write Parquet, report per shard.
 
-Submitted by ``KinesisToSparkOperator`` (spark-submit) with::
+Run by spark-submit (``KinesisToSparkOperator``) or by any operator that runs a PySpark script
+(a split task group's job task: EMR, Glue, Databricks, Kubernetes, ...) with::
 
-    kinesis_batch.py --plan-file PLAN.json --report-file REPORT.json [--transform module:function]
+    kinesis_batch.py --checkpoint-table T --stream S --consumer C --batch-id N --lease-owner O
+                     [--lease-seconds 120] [--records-expected] [--region R] [--transform module:function]
+
+The batch is handed over in the checkpoint store (``airflow_kinesis_spark.core.job``): the driver
+claims it, reads its plan from the store, holds its lease while it runs (losing it cancels the
+Spark jobs), writes to a staging directory under ``{output root}/_staging``, and, only while it
+still holds the lease, moves the output to the plan's location and records its per-shard report
+in the store. No file passes between the process that planned the batch and this driver.
+``--plan-file PLAN.json --report-file REPORT.json`` instead (window mode, and tests) reads the
+plan from a file and writes the report to one.
 
 * A DataFrame of shard ranges read with ``mapInArrow`` (works classic and over Spark Connect),
   in as many tasks as Spark runs at once (``--read-tasks``, default: the default parallelism,
@@ -22,9 +32,10 @@ Submitted by ``KinesisToSparkOperator`` (spark-submit) with::
   from the cache, then the records are written from it. No records, no files.
 * Output: Spark's Parquet writer, mode ``overwrite``, at the plan's ``output_location`` (derived
   from the batch id), so a re-run of the batch replaces its output.
-* AWS credentials, region and endpoint come from the driver's environment
-  (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``,
-  ``AWS_ENDPOINT_URL_KINESIS``), never from the command line.
+* AWS credentials come from the driver's own chain (boto3's: the environment the runner set, or
+  the cluster's instance profile, IRSA or EMR execution role), region and endpoints from
+  ``--region`` or the environment (``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL_KINESIS``,
+  ``AWS_ENDPOINT_URL_DYNAMODB``); never a credential on the command line.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from airflow_kinesis_spark.core.job import JobArguments, run_handed_batch
 from airflow_kinesis_spark.core.reader import ReadOptions
 from airflow_kinesis_spark.core.schema import arrow_schema, spark_ddl
 from airflow_kinesis_spark.core.transform import resolve_transform
@@ -65,8 +77,13 @@ QUARANTINE_DIR = "_quarantine"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Read one planned Kinesis batch into Parquet.")
-    parser.add_argument("--plan-file", required=True, help="the batch plan (JSON)")
-    parser.add_argument("--report-file", required=True, help="where to write the per-shard report (JSON)")
+    store = parser.add_argument_group("the batch, handed over in the checkpoint store (airflow_kinesis_spark.core.job)")
+    JobArguments.add_arguments(store)
+    for action in store._group_actions:  # only required without --plan-file; checked in main()
+        action.required = False
+    files = parser.add_argument_group("window mode (the operator's local runner) and tests: the plan in a file")
+    files.add_argument("--plan-file", default=None, help="the batch plan (JSON)")
+    files.add_argument("--report-file", default=None, help="where to write the per-shard report (JSON)")
     parser.add_argument("--transform", default=None, help="optional module:function, DataFrame -> DataFrame")
     defaults = ReadOptions()  # the readers' settings and their defaults live there
     parser.add_argument("--limit", type=int, default=defaults.limit, help="GetRecords Limit (1..10,000)")
@@ -75,9 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--read-bytes-per-second", type=float, default=defaults.read_bytes_per_second,
                         help="per-shard read budget the readers pace themselves to (0: no pacing)")
     parser.add_argument("--read-tasks", type=int, default=0, help="Spark tasks reading the ranges (0: default parallelism)")
-    parser.add_argument("--records-expected", action="store_true",
-                        help="the batch holds at least one user record (the operator's probes saw one): read and write in one pass")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.plan_file is None and args.checkpoint_table is None:
+        parser.error("give the handed batch (--checkpoint-table, --stream, --consumer, --batch-id, --lease-owner) "
+                     "or --plan-file and --report-file")  # fmt: skip
+    if args.plan_file is not None and args.report_file is None:
+        parser.error("--plan-file needs --report-file")
+    return args
 
 
 def reader_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -309,7 +330,10 @@ def _observed_reports(observation: Any, data: Any, name: str) -> list[str]:
     return list(json.loads(value))
 
 
-def run_one_pass(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+def run_one_pass(
+    spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], options: dict[str, Any],
+    location: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Read, transform and write in one Spark job (see the module doc); the batch must hold a user record.
 
     :raises RuntimeError: the read found no user record (the output location then holds a
@@ -319,7 +343,7 @@ def run_one_pass(spark: Any, plan: dict[str, Any], transform: Callable | None, a
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    location = plan["output_location"]
+    location = location or plan["output_location"]
     name = f"kinesis_batch_{plan['batch_id']}_{os.getpid()}_{time.time_ns()}"
     raw, observation = _observed(read_batch(spark, plan, aws_env, options), name)
     data = raw.where(F.col("_report").isNull() & F.col("_quarantine_reason").isNull()).drop("_report", "_quarantine_reason")
@@ -349,8 +373,8 @@ def run_one_pass(spark: Any, plan: dict[str, Any], transform: Callable | None, a
         log.warning("batch %s: %d corrupt Kinesis records quarantined", plan["batch_id"], quarantined)
     return {
         "batch_id": plan["batch_id"],
-        "output_location": location,
-        "quarantine_location": f"{location}/{QUARANTINE_DIR}" if quarantined > 0 else None,
+        "output_location": plan["output_location"],
+        "quarantine_location": f"{plan['output_location']}/{QUARANTINE_DIR}" if quarantined > 0 else None,
         "records": records,
         "read_seconds": round(read_seconds, 3),
         "total_seconds": round(time.monotonic() - started, 3),
@@ -358,9 +382,14 @@ def run_one_pass(spark: Any, plan: dict[str, Any], transform: Callable | None, a
     }
 
 
-def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
-    """Read, write and report one batch; returns the report document.
+def run(
+    spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: dict[str, str], options: dict[str, Any],
+    location: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Read, write and report one batch; returns the report document (``output_location``: the plan's).
 
+    :param location: where to write (default: the plan's ``output_location``); a handed batch
+        writes to its staging location and publishes it afterwards (``core.job``).
     :param options: the readers' settings, as :func:`reader_options` builds them; with
         ``records_expected`` the batch is read and written in one pass (:func:`run_one_pass`),
         except over a Spark Connect client older than 4.0 (see :func:`observation_supported`),
@@ -374,7 +403,7 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     one_pass = bool(options.get("records_expected"))
     if one_pass and observation_supported(spark):
-        return run_one_pass(spark, plan, transform, aws_env, options)
+        return run_one_pass(spark, plan, transform, aws_env, options, location)
     if one_pass:
         log.info("batch %s: this Spark Connect client (pyspark < 4) cannot read observed metrics: "
                  "reading through a cache instead of in one pass", plan["batch_id"])  # fmt: skip
@@ -389,7 +418,7 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
         if one_pass and records == 0:
             raise RuntimeError(f"batch {plan['batch_id']}: the read found no user record although the operator's probes "
                                "saw one; nothing is written or committed")  # fmt: skip
-        location = plan["output_location"]
+        location = location or plan["output_location"]
         rows = raw.where(F.col("_report").isNull()).drop("_report")
         if records > 0:
             data = rows.where(F.col("_quarantine_reason").isNull()).drop("_quarantine_reason")
@@ -405,8 +434,8 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
         raw.unpersist()
     return {
         "batch_id": plan["batch_id"],
-        "output_location": location if records > 0 else None,
-        "quarantine_location": f"{location}/{QUARANTINE_DIR}" if quarantined > 0 else None,
+        "output_location": plan["output_location"] if records > 0 else None,
+        "quarantine_location": f"{plan['output_location']}/{QUARANTINE_DIR}" if quarantined > 0 else None,
         "records": records,
         "read_seconds": round(read_seconds, 3),
         "total_seconds": round(time.monotonic() - started, 3),
@@ -414,16 +443,104 @@ def run(spark: Any, plan: dict[str, Any], transform: Callable | None, aws_env: d
     }
 
 
+def _hadoop_path(spark: Any, path: str) -> tuple[Any, Any]:
+    """A Hadoop ``Path`` and its ``FileSystem`` (any scheme Spark writes: file, hdfs, s3a, EMRFS s3, ...)."""
+    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path, hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
+
+
+def publish(spark: Any, staging: str | None, target: str) -> None:
+    """Replace ``target`` with ``staging`` (a rename on the same file system); ``None``: remove ``target``."""
+    dst, fs = _hadoop_path(spark, target)
+    if fs.exists(dst):
+        fs.delete(dst, True)
+    if staging is None:
+        return
+    src, _ = _hadoop_path(spark, staging)
+    fs.mkdirs(dst.getParent())
+    if not fs.rename(src, dst):
+        raise RuntimeError(f"could not move the batch's output from {staging} to {target}; nothing is recorded")
+    log.info("published %s", target)
+    try:  # the _staging folder, once empty (another writer's staging directory keeps it)
+        parent = src.getParent()
+        if fs.exists(parent) and len(fs.listStatus(parent)) == 0:
+            fs.delete(parent, False)
+    except Exception:  # noqa: BLE001 - an empty folder readers skip anyway
+        pass
+
+
+def discard(spark: Any, staging: str) -> None:
+    """Remove an unpublished staging directory (best effort: it is under ``_staging``, which readers skip)."""
+    try:
+        path, fs = _hadoop_path(spark, staging)
+        if fs.exists(path):
+            fs.delete(path, True)
+    except Exception as err:  # noqa: BLE001 - the job's own error is the one to report
+        log.warning("could not remove staging directory %s: %s", staging, err)
+
+
+def store_for(args: JobArguments) -> Any:
+    """The checkpoint store, through the driver's own AWS credentials (boto3's default chain:
+    environment, instance profile, IRSA, EMR execution role); ``AWS_ENDPOINT_URL_DYNAMODB`` for an
+    emulator."""
+    import boto3
+    from botocore.config import Config
+
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
+    client = boto3.session.Session(region_name=args.region_name).client(
+        "dynamodb", config=Config(retries={"mode": "standard", "max_attempts": 10}, connect_timeout=10, read_timeout=30)
+    )
+    return DynamoDBCheckpointStore(client, args.checkpoint_table, args.stream_name, args.consumer_name)
+
+
+def run_handed(args: argparse.Namespace, transform: Callable | None) -> int:
+    """The batch handed over in the checkpoint store (``airflow_kinesis_spark.core.job``): claim,
+    read the plan, write under the lease to staging, publish, record the report."""
+    job_args = JobArguments.from_namespace(args)
+    options = reader_options(args)
+    aws_env = {k: os.environ[k] for k in AWS_ENV_VARS if os.environ.get(k)}
+    if job_args.region_name:
+        aws_env.setdefault("AWS_DEFAULT_REGION", job_args.region_name)  # the executors' Kinesis clients
+    store = store_for(job_args)
+    spark: Any = None
+
+    def write(plan: Any, location: str) -> dict[str, Any]:
+        nonlocal spark
+        spark = build_session(f"kinesis-batch-{plan.stream_name}-{plan.consumer_name}-{plan.batch_id}")
+        return run(spark, plan.to_dict(), transform, aws_env, options, location)
+
+    def cancel() -> None:
+        if spark is not None:
+            log.error("lost the lease on batch %d: cancelling the Spark jobs; nothing is published", job_args.batch_id)
+            spark.sparkContext.cancelAllJobs()
+
+    try:
+        outcome = run_handed_batch(
+            store, job_args, write=write, cancel=cancel,
+            publish=lambda staging, target: publish(spark, staging, target),
+            discard=lambda staging: spark is not None and discard(spark, staging),
+        )  # fmt: skip
+    finally:
+        if spark is not None:
+            spark.stop()
+    log.info("batch %d: %s (writer %s)", job_args.batch_id, outcome["status"], outcome["writer"])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     transform = resolve_transform(args.transform)  # fail before reading anything
+    if args.plan_file is None:
+        return run_handed(args, transform)
     with open(args.plan_file, encoding="utf-8") as fh:
         plan = json.load(fh)
+    options = reader_options(args)
     aws_env = {k: os.environ[k] for k in AWS_ENV_VARS if os.environ.get(k)}
     spark = build_session(f"kinesis-batch-{plan['stream_name']}-{plan['consumer_name']}-{plan['batch_id']}")
     try:
-        result = run(spark, plan, transform, aws_env, reader_options(args))
+        result = run(spark, plan, transform, aws_env, options)
     finally:
         spark.stop()
     tmp = args.report_file + ".tmp"

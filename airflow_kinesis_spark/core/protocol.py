@@ -22,6 +22,7 @@ No Airflow import.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
@@ -41,12 +42,23 @@ from airflow_kinesis_spark.core.window import (
     window_label,
     window_summary,
 )
-from airflow_kinesis_spark.exceptions import DataLossError, PendingPlanMismatchError
+from airflow_kinesis_spark.core.job import JobArguments, writer_id
+from airflow_kinesis_spark.exceptions import (
+    CheckpointConflictError,
+    DataLossError,
+    PendingPlanMismatchError,
+    ReportNotRecordedError,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "BatchJob",
+    "HandedBatchJob",
+    "hands_off",
+    "PreparedBatch",
+    "prepare_incremental",
+    "commit_handed",
     "IncrementalSettings",
     "WindowSettings",
     "run_incremental",
@@ -85,6 +97,35 @@ class BatchJob(Protocol):
     def kill(self) -> None:
         """Stop a running job at once (called from another thread when the lease is lost)."""
         ...
+
+
+class HandedBatchJob(Protocol):
+    """Runs one planned batch that it takes from the checkpoint store (``core.job``): the Spark
+    driver claims the batch, reads the plan, holds the lease, publishes its output and records
+    its report there itself, so nothing passes between this process and the driver but the
+    :class:`~airflow_kinesis_spark.core.job.JobArguments`. The driver may run anywhere.
+
+    ``takes_batch_from_store`` is ``True`` (see :func:`hands_off`).
+    """
+
+    takes_batch_from_store: bool
+
+    def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
+        """Run the job with ``arguments`` and return when it ended.
+
+        :param output_location: the batch's output location (for scoping the job's credentials).
+        :raises Exception: the job failed; the protocol releases the lease and re-raises.
+        """
+        ...
+
+    def kill(self) -> None:
+        """Stop a running job at once."""
+        ...
+
+
+def hands_off(job: Any) -> bool:
+    """Whether ``job`` takes its batch from the store (:class:`HandedBatchJob`)."""
+    return bool(getattr(job, "takes_batch_from_store", False))
 
 
 @dataclass(frozen=True)
@@ -150,18 +191,17 @@ def window_output_location(output_root: str, start: datetime, end: datetime) -> 
 
 
 def run_incremental(
-    kinesis: Any, store: Any, job: BatchJob, settings: IncrementalSettings, owner: str, *, now: datetime | None = None
-) -> dict[str, Any]:
+    kinesis: Any, store: Any, job: BatchJob | HandedBatchJob, settings: IncrementalSettings, owner: str,
+    *, now: datetime | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """One incremental batch of one (stream, consumer), exactly once.
 
-    1. A pending batch (planned, not committed) is re-used, never replaced: after its start
-       positions are checked against the trim horizon, this run takes it over (once its holder's
-       lease expired) and, if its report is recorded already, commits without running the job.
-    2. Otherwise plan from the committed checkpoints and the shard lineage, check the trim
-       horizon, and probe every range (``Limit`` 1). No record in any range: no job; commit
-       only when a checkpoint must be recorded (see :func:`_commit_without_records`).
-    3. Persist the plan (``begin``), run the job under the lease, validate its report against
-       the plan, record the report, and advance every checkpoint in one conditional write.
+    1. :func:`prepare_incremental`: re-use the pending batch, or plan, probe and persist a new
+       one (or finish without a job: no new records, or a report recorded already).
+    2. Run the job. A :class:`HandedBatchJob` takes the batch from the store under this run's
+       ``owner`` and records its report there itself (``core.job``); the batch is then claimed
+       back and committed (:func:`commit_handed`). A :class:`BatchJob` runs in this process
+       under this run's lease and returns its reports, which are validated, recorded and committed.
 
     :param kinesis: boto3 Kinesis client.
     :param store: the consumer's checkpoint store (table created by the caller).
@@ -173,6 +213,70 @@ def run_incremental(
     :raises BatchLeaseHeldError: another run holds the pending batch's lease.
     :raises PendingPlanMismatchError: the pending plan is not this task's (:func:`check_pending_plan`).
     :raises ReportValidationError: the job's report does not match the plan; nothing committed.
+    :raises ReportNotRecordedError: a handed job ended without recording its report.
+    """
+    prepared = prepare_incremental(kinesis, store, settings, owner, now=now)
+    if prepared.summary is not None:
+        return prepared.summary
+    plan = prepared.plan
+    assert plan is not None
+    if hands_off(job):
+        arguments = prepared.job_arguments(store, owner, settings.lease_seconds)
+        try:
+            job.run_handed(arguments, output_location=plan.output_location)  # type: ignore[union-attr]
+        except Exception:
+            store.release_handed(plan.batch_id, owner)  # its processes ended: a retry need not wait for the lease
+            raise
+        return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused)
+    return _run_job_and_commit(
+        store, job, plan, owner, settings.lease_seconds, records_expected=prepared.records_expected,  # type: ignore[arg-type]
+        reused=prepared.reused,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """What :func:`prepare_incremental` leaves: a pending batch for a job, or a finished run.
+
+    :param summary: the run's summary when no job is needed (``no_new_records``,
+        ``committed_without_records``, or ``committed``: a pending batch's report was recorded
+        already); else ``None``.
+    :param plan: the pending batch's plan, held by the preparing run's owner.
+    :param records_expected: the probes saw a user record (the job may read and write in one pass).
+    :param reused: the pending plan of an earlier run is re-used.
+    """
+
+    summary: dict[str, Any] | None = None
+    plan: BatchPlan | None = None
+    records_expected: bool = False
+    reused: bool = False
+
+    def job_arguments(self, store: Any, owner: str, lease_seconds: float) -> JobArguments:
+        """The job's arguments for the pending batch (``core.job``)."""
+        assert self.plan is not None, "no pending batch: the run finished without a job"
+        return JobArguments(
+            checkpoint_table=store.table_name, stream_name=self.plan.stream_name, consumer_name=self.plan.consumer_name,
+            batch_id=self.plan.batch_id, lease_owner=owner, lease_seconds=lease_seconds,
+            records_expected=self.records_expected, region_name=getattr(getattr(store.client, "meta", None), "region_name", None),
+        )  # fmt: skip
+
+
+def prepare_incremental(
+    kinesis: Any, store: Any, settings: IncrementalSettings, owner: str, *, now: datetime | None = None
+) -> PreparedBatch:
+    """Everything of an incremental run before its job: the plan task of a split task group.
+
+    1. A pending batch (planned, not committed) is re-used, never replaced: after its start
+       positions are checked against the trim horizon, ``owner`` takes it over (once its
+       holder's lease expired) and, if its report is recorded already, commits it without a job.
+    2. Otherwise plan from the committed checkpoints and the shard lineage, check the trim
+       horizon, and probe every range (``Limit`` 1). No record in any range: no job; commit
+       only when a checkpoint must be recorded (see :func:`_commit_without_records`).
+    3. Persist the plan (``begin``): the batch is pending, held by ``owner``.
+
+    :returns: a :class:`PreparedBatch`; its ``summary`` is set when no job is needed.
+    :raises DataLossError, BatchLeaseHeldError, PendingPlanMismatchError, CheckpointConflictError:
+        as :func:`run_incremental`.
     """
     now = to_utc(now or datetime.now(timezone.utc))
     head = store.head()
@@ -191,20 +295,69 @@ def run_incremental(
         reports = store.pending_report(head)
         if reports is not None:
             log.info("Batch %d's output was already written; committing without re-running Spark", plan.batch_id)
-            return _commit(store, plan, reports, validate_report(plan, reports), owner, reused=True)
-        return _run_job_and_commit(store, job, plan, owner, settings.lease_seconds, records_expected=False, reused=True)
+            return PreparedBatch(summary=_commit(store, plan, reports, validate_report(plan, reports), owner, reused=True))
+        return PreparedBatch(plan=plan, records_expected=False, reused=True)
 
     plan = plan_batch(kinesis, store, settings, head.committed_batch_id + 1, now, head=head)
     if not plan.ranges:
         log.info("No shard to read: every shard is at SHARD_END or waiting for its parents (%s)", dict(plan.waiting))
-        return incremental_summary(plan, [], plan.checkpoints, "no_new_records", reused=False)
+        return PreparedBatch(summary=incremental_summary(plan, [], plan.checkpoints, "no_new_records", reused=False))
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
     if not any(r.records or r.quarantined for r in probes):
-        return _commit_without_records(store, plan, probes, owner)
+        return PreparedBatch(summary=_commit_without_records(store, plan, probes, owner))
     store.begin(plan, owner)
-    return _run_job_and_commit(
-        store, job, plan, owner, settings.lease_seconds, records_expected=any(r.records for r in probes), reused=False
-    )
+    return PreparedBatch(plan=plan, records_expected=any(r.records for r in probes), reused=False)
+
+
+def commit_handed(store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False) -> dict[str, Any]:
+    """Commit pending batch ``batch_id`` from the report its job recorded: the commit task.
+
+    Claims the batch back for ``lease_owner`` (under a ``commit`` writer id), validates the
+    recorded report against the stored plan, and advances every checkpoint in one conditional
+    write. Idempotent: when ``batch_id`` is the committed batch already, its summary is returned.
+
+    :param lease_owner: the writer id the batch was handed to its job by (the plan task's, or the operator's).
+    :returns: the batch summary (:func:`incremental_summary`).
+    :raises ReportNotRecordedError: no report recorded yet (the job runs, or ended without one);
+        nothing committed. Retryable.
+    :raises BatchLeaseHeldError: a driver of the batch still holds its lease (it is finishing).
+    :raises CheckpointConflictError: the batch is not pending (discarded, or a later batch is
+        committed), or another run took it over.
+    :raises ReportValidationError: the recorded report does not match the plan; nothing committed.
+    """
+    head = store.head()
+    if head.committed_batch_id == batch_id and head.pending_batch_id != batch_id:
+        plan = store.committed_plan(head)
+        reports = store.committed_report(head) or []
+        log.info("Batch %d is committed already (by %s): nothing to commit", batch_id, head.committed_owner)
+        return incremental_summary(plan, reports, store.committed_checkpoints(head), "committed", reused=True)
+    if head.pending_batch_id != batch_id:
+        raise CheckpointConflictError(
+            f"Batch {batch_id} of stream {store.stream_name!r}, consumer {store.consumer_name!r} is not pending in checkpoint "
+            f"table {store.table_name!r} (committed batch {head.committed_batch_id}, pending batch {head.pending_batch_id}): "
+            "it was discarded or another run moved on. Nothing was committed.",
+            batch_id=batch_id, committed_batch_id=head.committed_batch_id, pending_batch_id=head.pending_batch_id,
+        )  # fmt: skip
+    if head.pending_report_owner is None:
+        age = None if not head.pending_heartbeat else (time.time() * 1000 - head.pending_heartbeat) / 1000
+        running = age is not None and age < lease_seconds and head.pending_owner != lease_owner
+        state = (
+            f"its job is running (writer {head.pending_owner}, last heartbeat {age:.1f} s ago)" if running
+            else f"no job holds it (holder {head.pending_owner}): the job has not started, or ended without recording one"
+        )  # fmt: skip
+        raise ReportNotRecordedError(
+            f"Batch {batch_id} of stream {store.stream_name!r}, consumer {store.consumer_name!r} has no recorded report: "
+            f"{state}. Nothing was committed. Retry the commit once the job finished; if the job failed, re-run it "
+            "(its plan stays pending).",
+            batch_id=batch_id, holder=head.pending_owner, heartbeat_age_seconds=age, job_running=running,
+        )  # fmt: skip
+    writer = writer_id(lease_owner, "commit")
+    head = store.claim(batch_id, lease_owner, writer, lease_seconds)
+    plan = store.pending_plan(head)
+    reports = store.pending_report(head)
+    if plan is None or reports is None:
+        raise ReportNotRecordedError(f"Batch {batch_id}: its plan or report went missing while it was claimed", batch_id=batch_id)
+    return _commit(store, plan, reports, validate_report(plan, reports), writer, reused=reused)
 
 
 def plan_batch(

@@ -99,6 +99,9 @@ class Head:
     pending_owner: str | None = None
     pending_report_owner: str | None = None
     committed_plan_owner: str | None = None
+    #: The writer whose recorded report the committed batch was committed with (``None``: a batch
+    #: committed without a job, or by a version before 0.9).
+    committed_report_owner: str | None = None
     #: Epoch milliseconds of the pending batch holder's last heartbeat (its lease).
     pending_heartbeat: int | None = None
 
@@ -122,6 +125,7 @@ class Head:
             pending_owner=text("pending_owner"),
             pending_report_owner=text("pending_report_owner"),
             committed_plan_owner=text("committed_plan_owner"),
+            committed_report_owner=text("committed_report_owner"),
             pending_heartbeat=num("pending_heartbeat"),
         )
 
@@ -456,6 +460,15 @@ class DynamoDBCheckpointStore:
         data = self._read_chunks(head.pending_batch_id, "REPORT", head.pending_report_owner)
         return None if data is None else [ShardReport.from_dict(r) for r in data]
 
+    def committed_report(self, head: Head | None = None) -> list[ShardReport] | None:
+        """The job report the last committed batch was committed with (``None``: committed
+        without a job, or no batch committed yet)."""
+        head = head or self.head()
+        if head.committed_batch_id == 0 or head.committed_report_owner is None:
+            return None
+        data = self._read_chunks(head.committed_batch_id, "REPORT", head.committed_report_owner)
+        return None if data is None else [ShardReport.from_dict(r) for r in data]
+
     # -- state changes (each one conditional update of the head) --------------------------------
 
     def begin(self, plan: BatchPlan, owner: str) -> None:
@@ -496,6 +509,48 @@ class DynamoDBCheckpointStore:
         log.info("took over pending batch %d from %s", batch_id, head.pending_owner)
         return self.head()
 
+    def claim(self, batch_id: int, lease_owner: str, writer: str, lease_seconds: float = 120.0) -> Head:
+        """Become the holder of pending batch ``batch_id`` as ``writer``, on behalf of ``lease_owner``.
+
+        The hand-off between the run that planned a batch (``lease_owner``: the operator, or the
+        plan task of a split task group) and the processes it hands the batch to (a Spark
+        driver, the commit task); each of those claims under its own ``writer`` id, by
+        convention ``{lease_owner}/{role}-{random}`` (:func:`writer_id`). The claim applies when
+        the batch is pending and held
+
+        * by ``lease_owner`` itself (it handed the batch over; its lease need not have expired),
+        * by ``writer`` already (a retried request), or
+        * by another writer of ``lease_owner`` whose lease expired (a driver that died) or was
+          released (:meth:`release`: a driver that finished).
+
+        Every earlier writer is fenced off from then on: its heartbeat, report and commit are refused.
+
+        :returns: the head after the claim.
+        :raises BatchLeaseHeldError: another writer of ``lease_owner`` holds a live lease (another
+            driver of this batch is at work).
+        :raises CheckpointConflictError: ``batch_id`` is not pending, or another run took it over
+            (a holder that is not ``lease_owner`` nor one of its writers): this caller's
+            arguments are stale.
+        """
+        if writer != lease_owner and not writer.startswith(lease_owner + "/"):
+            raise ValueError(f"writer {writer!r} must be {lease_owner!r} or start with {lease_owner + '/'!r}")
+        head = self.head()
+        if head.pending_batch_id == batch_id and head.pending_owner not in (lease_owner, writer):
+            if (head.pending_owner or "").startswith(lease_owner + "/"):
+                self._raise_if_leased(head, batch_id, writer, lease_seconds)
+        self._update_head(
+            "SET pending_owner = :w, pending_since = :t, pending_heartbeat = :hb",
+            "pending_batch_id = :n AND (pending_owner = :lo OR pending_owner = :w OR (begins_with(pending_owner, :lop) "
+            "AND (attribute_not_exists(pending_heartbeat) OR pending_heartbeat < :stale)))",
+            {":n": {"N": str(batch_id)}, ":w": {"S": writer}, ":lo": {"S": lease_owner}, ":lop": {"S": lease_owner + "/"},
+             ":t": {"S": _now()}, ":hb": {"N": str(_now_ms())}, ":stale": {"N": str(_now_ms() - int(lease_seconds * 1000))}},
+            action=f"claim pending batch {batch_id} for {lease_owner}",
+            owner=writer,
+            applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == writer,
+        )  # fmt: skip
+        log.info("writer %s claimed pending batch %d (from %s)", writer, batch_id, head.pending_owner)
+        return self.head()
+
     def _raise_if_leased(self, head: Head, batch_id: int, owner: str, lease_seconds: float) -> None:
         if head.pending_batch_id == batch_id and head.pending_owner != owner and head.pending_heartbeat is not None:
             age = (_now_ms() - head.pending_heartbeat) / 1000
@@ -532,6 +587,22 @@ class DynamoDBCheckpointStore:
             )
         except CheckpointConflictError:
             log.info("lease on batch %d already taken over; nothing to release", batch_id)
+
+    def release_handed(self, batch_id: int, lease_owner: str) -> None:
+        """Give up the lease on pending batch ``batch_id`` for ``lease_owner`` and its writers
+        (:meth:`claim`): the run that handed the batch to a job knows the job's processes ended
+        (its spark-submit returned), so a retry need not wait for the lease to expire. A no-op if
+        another run holds the batch."""
+        try:
+            self._update_head(
+                "SET pending_heartbeat = :zero",
+                "pending_batch_id = :n AND (pending_owner = :lo OR begins_with(pending_owner, :lop))",
+                {":n": {"N": str(batch_id)}, ":lo": {"S": lease_owner}, ":lop": {"S": lease_owner + "/"}, ":zero": {"N": "0"}},
+                action=f"release the lease on batch {batch_id}",
+                owner=lease_owner,
+            )
+        except CheckpointConflictError:
+            log.info("lease on batch %d is held by another run; nothing to release", batch_id)
 
     def heartbeat(self, batch_id: int, owner: str) -> None:
         """Renew this writer's lease on pending batch ``batch_id``.
@@ -660,13 +731,18 @@ class DynamoDBCheckpointStore:
             raise self._conflict(f"commit batch {plan.batch_id}", owner, head)
         # Chunks keyed by this owner: never the ones a committed head points at.
         self._write_chunks(plan.batch_id, "CKPT", owner, {k: v.to_dict() for k, v in checkpoints.items()})
+        # The report the batch is committed with stays readable (an idempotent re-run of a commit task).
+        report_set, report_remove, report_value = "", ", committed_report_owner", {}
+        if head.pending_report_owner:
+            report_set, report_remove = ", committed_report_owner = :ro", ""
+            report_value = {":ro": {"S": head.pending_report_owner}}
         self._update_head(
-            "SET committed_batch_id = :n, committed_owner = :o, committed_plan_owner = :po, committed_at = :t "
-            "REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner, "
-            "pending_heartbeat",
+            f"SET committed_batch_id = :n, committed_owner = :o, committed_plan_owner = :po, committed_at = :t{report_set} "
+            f"REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner, "
+            f"pending_heartbeat{report_remove}",
             "committed_batch_id = :prev AND pending_batch_id = :n AND pending_owner = :o AND pending_plan_owner = :po",
             {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
-             ":prev": {"N": str(plan.batch_id - 1)}, ":po": {"S": head.pending_plan_owner or ""}},
+             ":prev": {"N": str(plan.batch_id - 1)}, ":po": {"S": head.pending_plan_owner or ""}, **report_value},
             action=f"commit batch {plan.batch_id}",
             owner=owner,
             applied=lambda h: h.committed_batch_id == plan.batch_id and h.committed_owner == owner,

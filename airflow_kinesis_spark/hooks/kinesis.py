@@ -12,6 +12,7 @@ from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFact
 from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.admin import check_endpoint
+from airflow_kinesis_spark.core.job import STAGING_DIR
 from airflow_kinesis_spark.core.names import validate_stream_name
 from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
 
@@ -140,15 +141,18 @@ class KinesisStreamHook(FailFastAwsHook):
         return env
 
     def job_credentials(
-        self, stream_name: str, *, output_location: str | None = None, duration_seconds: int = JOB_CREDENTIALS_SECONDS
-    ) -> dict[str, str]:
+        self, stream_name: str, *, output_location: str | None = None, checkpoint_table: str | None = None,
+        store_key: str | None = None, duration_seconds: int = JOB_CREDENTIALS_SECONDS,
+    ) -> dict[str, str]:  # fmt: skip
         """Short-lived credentials for a batch's Spark job, limited to reading one stream.
 
         A session policy (:func:`job_session_policy`) allows only ``GetShardIterator``,
         ``GetRecords``, ``ListShards`` and ``DescribeStreamSummary`` on ``stream_name`` (and
         ``kms:Decrypt`` through Kinesis, for encrypted streams), and, for an ``s3://`` / ``s3a://``
         ``output_location``, writing that one batch directory (Spark's S3 connector reads the same
-        credentials). The connection's long-lived keys never leave the worker:
+        credentials), and, with ``checkpoint_table``, the items of one consumer (``store_key``,
+        ``{stream}|{consumer}``) in that table (a job that takes its batch from the store). The
+        connection's long-lived keys never leave the worker:
 
         * a connection with ``role_arn``: ``AssumeRole`` of that role, from the connection's base
           credentials, with the session policy;
@@ -164,7 +168,10 @@ class KinesisStreamHook(FailFastAwsHook):
         """
         stream_name = validate_stream_name(stream_name)
         region = self.conn_region_name or self.conn.meta.region_name
-        policy = json.dumps(job_session_policy(stream_name, region, self.conn.meta.partition, output_location=output_location))
+        policy = json.dumps(job_session_policy(
+            stream_name, region, self.conn.meta.partition, output_location=output_location,
+            checkpoint_table=checkpoint_table, store_key=store_key,
+        ))  # fmt: skip
         duration = max(STS_MIN_SECONDS, int(duration_seconds))
         role_arn = self.conn_config.role_arn
         try:
@@ -203,8 +210,9 @@ class KinesisStreamHook(FailFastAwsHook):
 
 
 def job_session_policy(
-    stream_name: str, region: str | None, partition: str = "aws", *, output_location: str | None = None
-) -> dict[str, Any]:
+    stream_name: str, region: str | None, partition: str = "aws", *, output_location: str | None = None,
+    checkpoint_table: str | None = None, store_key: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The session policy of a job's credentials: read ``stream_name``, write the batch's output.
 
     Shape: an IAM policy document (dict). Actions: ``kinesis:GetShardIterator``,
@@ -212,19 +220,25 @@ def job_session_policy(
     stream's ARN (any account: the role's own policy names the account), ``kms:Decrypt`` only
     through Kinesis in the region (encrypted streams, Kinesis developer guide); for an S3
     ``output_location`` (``s3://`` or ``s3a://``): ``s3:GetObject``, ``s3:PutObject``,
-    ``s3:DeleteObject``, ``s3:AbortMultipartUpload`` under that directory, ``s3:ListBucket`` on its
-    bucket, and ``kms:GenerateDataKey``/``kms:Decrypt`` through S3 (SSE-KMS buckets).
+    ``s3:DeleteObject``, ``s3:AbortMultipartUpload`` under that directory and its staging
+    directories (``core.job.staging_location``), ``s3:ListBucket`` on its bucket, and
+    ``kms:GenerateDataKey``/``kms:Decrypt`` through S3 (SSE-KMS buckets); with ``checkpoint_table``:
+    ``dynamodb:GetItem``, ``dynamodb:PutItem``, ``dynamodb:UpdateItem``, ``dynamodb:Query`` on that
+    table, only on items whose partition key is ``store_key`` (condition ``dynamodb:LeadingKeys``).
     """
     region = region or "*"
     statements: list[dict[str, Any]] = []
     parsed = urlparse(output_location or "")
     if parsed.scheme in ("s3", "s3a", "s3n") and parsed.netloc:
         prefix = parsed.path.strip("/")
+        parent, _, name = prefix.rpartition("/")
+        staging = f"{parent}/{STAGING_DIR}/{name}-*".lstrip("/")
         statements += [
             {
                 "Effect": "Allow",
                 "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                "Resource": [f"arn:{partition}:s3:::{parsed.netloc}/{prefix}", f"arn:{partition}:s3:::{parsed.netloc}/{prefix}/*"],
+                "Resource": [f"arn:{partition}:s3:::{parsed.netloc}/{prefix}", f"arn:{partition}:s3:::{parsed.netloc}/{prefix}/*",
+                             f"arn:{partition}:s3:::{parsed.netloc}/{staging}"],
             },
             {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:{partition}:s3:::{parsed.netloc}"]},
             {
@@ -234,6 +248,15 @@ def job_session_policy(
                 "Condition": {"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}},
             },
         ]
+    if checkpoint_table:
+        statement: dict[str, Any] = {
+            "Effect": "Allow",
+            "Action": ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"],
+            "Resource": [f"arn:{partition}:dynamodb:{region}:*:table/{checkpoint_table}"],
+        }
+        if store_key:
+            statement["Condition"] = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [store_key]}}
+        statements.append(statement)
     return {
         "Version": "2012-10-17",
         "Statement": [

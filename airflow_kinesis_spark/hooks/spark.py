@@ -41,6 +41,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import airflow_kinesis_spark
+from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.ranges import ShardReport
@@ -145,6 +146,8 @@ class SparkJobSettings:
     :param job_credentials: what AWS credentials the job gets (:data:`JOB_CREDENTIALS`):
         ``scoped`` (default: temporary, limited to reading the stream), ``connection`` (the
         connection's own) or ``none`` (the cluster's own role).
+    :param checkpoint_hook: the checkpoint store's hook (``DynamoDBCheckpointHook``): its
+        DynamoDB endpoint goes to a job that takes its batch from the store.
     """
 
     spark_conn_id: str
@@ -155,22 +158,35 @@ class SparkJobSettings:
     py_files: str | None = None
     reuse_connect_session: bool = True
     job_credentials: str = "scoped"
+    checkpoint_hook: Any = None
 
     def __post_init__(self) -> None:
         validate_job_credentials(self.job_credentials)
 
-    def aws_environment(self, plan: BatchPlan, *, cluster_role: bool = False) -> dict[str, str]:
-        """The job's AWS environment: region, endpoint and, unless the job uses its cluster's own
-        role (``job_credentials='none'``, or ``cluster_role``), credentials: scoped to the plan's
-        stream (``'scoped'``, :meth:`KinesisStreamHook.job_credentials`) or the connection's own
-        (``'connection'``)."""
+    def aws_environment(
+        self, stream_name: str, *, output_location: str | None = None, checkpoint_table: str | None = None,
+        store_key: str | None = None, cluster_role: bool = False,
+    ) -> dict[str, str]:  # fmt: skip
+        """The job's AWS environment: region, endpoints (Kinesis; DynamoDB from ``checkpoint_hook``)
+        and, unless the job uses its cluster's own role (``job_credentials='none'``, or
+        ``cluster_role``), credentials: scoped to reading ``stream_name``, writing
+        ``output_location`` and, with ``checkpoint_table``, the consumer's items (``store_key``) of
+        the checkpoint table (``'scoped'``, :meth:`KinesisStreamHook.job_credentials`), or the
+        connection's own (``'connection'``)."""
+        hook = self.kinesis_hook
         if cluster_role or self.job_credentials == "none":
-            return self.kinesis_hook.spark_environment(None)
-        if self.job_credentials == "connection":
-            return self.kinesis_hook.spark_environment(self.kinesis_hook.connection_credentials())
-        return self.kinesis_hook.spark_environment(
-            self.kinesis_hook.job_credentials(plan.stream_name, output_location=plan.output_location)
-        )
+            env = hook.spark_environment(None)
+        elif self.job_credentials == "connection":
+            env = hook.spark_environment(hook.connection_credentials())
+        else:
+            env = hook.spark_environment(hook.job_credentials(
+                stream_name, output_location=output_location, checkpoint_table=checkpoint_table, store_key=store_key,
+            ))  # fmt: skip
+        if checkpoint_table and self.checkpoint_hook is not None:
+            endpoint = self.checkpoint_hook.conn_config.get_service_endpoint_url("dynamodb")
+            if endpoint:
+                env["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
+        return env
 
 
 def describe(plan: BatchPlan) -> str:
@@ -196,38 +212,52 @@ def _log_result(plan: BatchPlan, result: dict[str, Any]) -> list[ShardReport]:
 class SparkSubmitJob:
     """Run the batch with ``spark-submit`` (the apache-spark provider's hook, connection ``spark``).
 
-    The plan goes to the job in a file of a private temporary directory, the report comes back
-    the same way; the Airflow-free code ships as ``--py-files``. Credentials reach the job
-    through spark-submit's environment, never its command line: on YARN and Kubernetes, where
-    the provider turns the environment into ``--conf`` options, none are passed and the
-    cluster's own role is used. The spark-submit process dies with this worker
-    (:mod:`airflow_kinesis_spark.die_with_parent`), and :meth:`kill` stops it through the hook's
-    ``on_kill``. On a local master the Spark UI is off and its kill links disabled (set
-    ``spark.ui.enabled`` in ``spark_conf`` to turn it back on; it then binds to the driver's host).
+    An incremental batch is handed over in the checkpoint store (:meth:`run_handed`,
+    ``core.job``): the job gets only its arguments, claims the batch, reads the plan and records
+    its report there, so the driver may run anywhere spark-submit puts it (``local[*]``, client or
+    cluster deploy mode). A window (no checkpoint store) passes its plan in a file of a private
+    temporary directory and its report comes back the same way (:meth:`run`). The Airflow-free
+    code ships as ``--py-files``. Credentials reach the job through spark-submit's environment,
+    never its command line: on YARN and Kubernetes, where the provider turns the environment into
+    ``--conf`` options, none are passed and the cluster's own role is used. The spark-submit
+    process dies with this worker (:mod:`airflow_kinesis_spark.die_with_parent`), and :meth:`kill`
+    stops it through the hook's ``on_kill``. On a local master the Spark UI is off and its kill
+    links disabled (set ``spark.ui.enabled`` in ``spark_conf`` to turn it back on; it then binds to
+    the driver's host).
     """
+
+    takes_batch_from_store = True
 
     def __init__(self, settings: SparkJobSettings) -> None:
         self.settings = settings
         self._hook: Any = None
 
+    def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
+        """Run the job of the batch handed over in the store; its report is recorded there.
+
+        :param output_location: the batch's output (scoped credentials may write only there and
+            to its staging directories).
+        :raises RuntimeError: the job failed (its exit code and the hook's error).
+        """
+        plan_label = f"batch {arguments.batch_id}"
+        with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{arguments.batch_id}-") as tmp:
+            args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
+            self._submit(plan_label, args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
+                         output_location=output_location, checkpoint_table=arguments.checkpoint_table)  # fmt: skip
+
     def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
-        """:raises RuntimeError: the job failed or ended without a report."""
+        """Run the job of ``plan`` from a plan file (window mode).
+
+        :raises RuntimeError: the job failed or ended without a report.
+        """
         with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:
             plan_file = os.path.join(tmp, "plan.json")
             report_file = os.path.join(tmp, "report.json")
             with open(plan_file, "w", encoding="utf-8") as fh:
                 json.dump(plan.to_dict(), fh)
-            self._hook = self._build_hook(plan, plan_file, report_file, core_zip(tmp), records_expected)
-            log.info("Submitting the Spark job of %s (%d shard ranges)", describe(plan), len(plan.ranges))
-            try:
-                self._hook.submit(application=spark_script_path())
-            except Exception as err:
-                raise RuntimeError(
-                    f"The Spark job of {describe(plan)} failed: {err} (spark connection "
-                    f"{self.settings.spark_conn_id!r}). {after_failure(plan)}"
-                ) from err
-            finally:
-                self._hook = None
+            args = ["--plan-file", plan_file, "--report-file", report_file, *self.settings.read_options.job_args(records_expected)]
+            self._submit(describe(plan), args, core_zip(tmp), plan.stream_name, plan.consumer_name, plan.batch_id,
+                         output_location=plan.output_location, after=after_failure(plan))  # fmt: skip
             if not os.path.exists(report_file):
                 raise RuntimeError(f"The Spark job of {describe(plan)} ended without a report. {after_failure(plan)}")
             with open(report_file, encoding="utf-8") as fh:
@@ -238,13 +268,32 @@ class SparkSubmitJob:
         if hook is not None:
             hook.on_kill()
 
-    def _build_hook(self, plan: BatchPlan, plan_file: str, report_file: str, core: str, records_expected: bool) -> Any:
+    def _submit(
+        self, label: str, args: list[str], core: str, stream_name: str, consumer_name: str, batch_id: int, *,
+        output_location: str | None, checkpoint_table: str | None = None,
+        after: str = "No checkpoint moved; the plan stays pending and the next attempt re-uses it.",
+    ) -> None:  # fmt: skip
+        self._hook = self._build_hook(args, core, stream_name, consumer_name, batch_id, output_location, checkpoint_table)
+        log.info("Submitting the Spark job of %s", label)
+        try:
+            self._hook.submit(application=spark_script_path())
+        except Exception as err:
+            raise RuntimeError(
+                f"The Spark job of {label} failed: {err} (spark connection {self.settings.spark_conn_id!r}). {after}"
+            ) from err
+        finally:
+            self._hook = None
+
+    def _build_hook(
+        self, args: list[str], core: str, stream_name: str, consumer_name: str, batch_id: int,
+        output_location: str | None, checkpoint_table: str | None,
+    ) -> Any:  # fmt: skip
         s = self.settings
-        args = ["--plan-file", plan_file, "--report-file", report_file, *s.read_options.job_args(records_expected)]
+        args = list(args)
         if s.transform:
             args += ["--transform", s.transform]
         py_files = ",".join(p for p in (core, s.py_files) if p)
-        name = f"kinesis-batch-{plan.stream_name}-{plan.consumer_name}-{plan.batch_id}"
+        name = f"kinesis-batch-{stream_name}-{consumer_name}-{batch_id}"
         from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 
         conf = dict(s.spark_conf)
@@ -262,7 +311,8 @@ class SparkSubmitJob:
         on_command_line = probe.env_goes_on_command_line
         if on_command_line:
             log.info("Spark master is YARN/Kubernetes: the job uses the cluster's AWS credentials")
-        env = s.aws_environment(plan, cluster_role=on_command_line)
+        env = s.aws_environment(stream_name, output_location=output_location, checkpoint_table=checkpoint_table,
+                                store_key=f"{stream_name}|{consumer_name}", cluster_role=on_command_line)  # fmt: skip
         if local:
             env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver (and a UI turned back on) listen on loopback only
         env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
@@ -414,6 +464,8 @@ class SparkConnectJob:
     artifacts) is left to the server and this run uses a new one, released at its end.
     """
 
+    takes_batch_from_store = False
+
     def __init__(self, settings: SparkJobSettings, session_scope: str = "KinesisToSparkOperator") -> None:
         self.settings = settings
         self.session_scope = session_scope
@@ -435,7 +487,7 @@ class SparkConnectJob:
         extra = connect_hook.get_connection(s.spark_conn_id).extra_dejson
         if s.job_credentials != "none":  # before any credential is even made
             check_connect_transport(url, s.spark_conn_id, allow_insecure=bool(extra.get(ALLOW_INSECURE_EXTRA)))
-        aws_env = s.aws_environment(plan)
+        aws_env = s.aws_environment(plan.stream_name, output_location=plan.output_location)
         if s.reuse_connect_session:
             self._secret = session_secret(extra.get(SESSION_SECRET_EXTRA))
         log.info("Running the Spark job of %s over Spark Connect (%d shard ranges)", describe(plan), len(plan.ranges))
@@ -507,10 +559,24 @@ class SparkJob:
         self.session_scope = session_scope
         self.runner: SparkSubmitJob | SparkConnectJob | None = None
 
-    def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
+    def _runner(self) -> SparkSubmitJob | SparkConnectJob:
         if self.runner is None:
             self.runner = spark_job_for(self.settings, self.session_scope)
-        return self.runner.run(plan, records_expected=records_expected)
+        return self.runner
+
+    @property
+    def takes_batch_from_store(self) -> bool:
+        """Whether the runner takes its batch from the store (spark-submit) or runs it in this
+        process (Spark Connect); looks the connection up."""
+        return self._runner().takes_batch_from_store
+
+    def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
+        return self._runner().run(plan, records_expected=records_expected)
+
+    def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
+        runner = self._runner()
+        assert isinstance(runner, SparkSubmitJob), "only the spark-submit runner takes its batch from the store"
+        runner.run_handed(arguments, output_location=output_location)
 
     def kill(self) -> None:
         if self.runner is not None:

@@ -361,6 +361,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             spark_conn_id=self.spark_conn_id, kinesis_hook=self.kinesis_hook, read_options=self.read_options,
             transform=self.transform, spark_conf=dict(self.spark_conf or {}), py_files=self.spark_py_files,
             reuse_connect_session=self.spark_connect_reuse_session, job_credentials=self.job_credentials,
+            checkpoint_hook=self.checkpoint_hook if self.uses_checkpoints else None,
         )  # fmt: skip
         return SparkJob(settings, session_scope=type(self).__name__)
 

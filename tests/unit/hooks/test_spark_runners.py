@@ -55,7 +55,18 @@ def test_the_session_policy_allows_reading_one_stream_only():
 def test_an_s3_output_location_may_be_written_and_nothing_else():
     policy = job_session_policy("orders", "eu-west-1", "aws", output_location="s3a://lake/orders/batch_id=7")
     objects, bucket, kms = policy["Statement"][2:]
-    assert objects["Resource"] == ["arn:aws:s3:::lake/orders/batch_id=7", "arn:aws:s3:::lake/orders/batch_id=7/*"]
+    # the batch directory and its staging directories (core.job.staging_location): `*` spans `/`
+    assert objects["Resource"] == ["arn:aws:s3:::lake/orders/batch_id=7", "arn:aws:s3:::lake/orders/batch_id=7/*",
+                                   "arn:aws:s3:::lake/orders/_staging/batch_id=7-*"]
     assert "s3:PutObject" in objects["Action"] and bucket == {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": ["arn:aws:s3:::lake"]}
     assert kms["Condition"] == {"StringEquals": {"kms:ViaService": "s3.eu-west-1.amazonaws.com"}}
     assert len(job_session_policy("orders", "eu-west-1", output_location="/local/out/batch_id=7")["Statement"]) == 2
+
+
+def test_a_job_that_takes_its_batch_from_the_store_may_touch_its_consumers_items_only():
+    policy = job_session_policy("orders", "eu-west-1", "aws", checkpoint_table="ckpt", store_key="orders|etl")
+    table = policy["Statement"][-1]
+    assert sorted(table["Action"]) == ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"]
+    assert table["Resource"] == ["arn:aws:dynamodb:eu-west-1:*:table/ckpt"]
+    assert table["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["orders|etl"]}}
+    assert "dynamodb:DeleteItem" not in json.dumps(policy) and "dynamodb:Scan" not in json.dumps(policy)

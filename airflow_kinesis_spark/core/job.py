@@ -1,0 +1,215 @@
+"""The batch job's contract: its arguments and the checkpoint store, nothing else.
+
+A planned batch is handed to its job through the checkpoint store, never through a file:
+
+1. The run that planned the batch (the operator, or a split task group's plan task) persisted
+   the plan (``begin``) under its writer id, the *lease owner*, and passes the job
+   :class:`JobArguments`: checkpoint table, stream, consumer, batch id, lease owner, lease.
+2. The job (:func:`run_handed_batch`, in the Spark driver, wherever it runs) claims the batch under
+   its own writer id (:func:`writer_id`: ``{lease_owner}/driver-{random}``), reads the plan from
+   the store, holds the lease while it runs, writes its output to a staging directory
+   (:func:`staging_location`), and then, only if it still holds the lease, moves the output to
+   the plan's location and records its per-shard report, fenced on its writer id. A driver that
+   lost its lease (it stalled and a retry took the batch over: a *zombie*) cancels its Spark jobs
+   and publishes nothing.
+3. The commit (:func:`airflow_kinesis_spark.core.protocol.commit_handed`) claims the batch back,
+   validates the recorded report against the plan and advances every checkpoint.
+
+AWS credentials are the job's own (boto3's default chain: the cluster's instance profile, IRSA, an
+EMR execution role, or the environment the runner set); they are never job arguments.
+
+No Airflow import, no Spark import: the Spark parts are the callables the job passes in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
+from airflow_kinesis_spark.core.planner import BatchPlan, validate_report
+from airflow_kinesis_spark.core.ranges import ShardReport
+from airflow_kinesis_spark.exceptions import CheckpointConflictError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["JobArguments", "writer_id", "staging_location", "run_handed_batch", "STAGING_DIR"]
+
+#: Where a job writes before it publishes: ``{output_root}/_staging/`` (a ``_`` folder: Spark's
+#: and most engines' Parquet readers skip it).
+STAGING_DIR = "_staging"
+
+
+@dataclass(frozen=True)
+class JobArguments:
+    """What a batch's job is told (as command-line arguments, :meth:`to_args`).
+
+    :param checkpoint_table: the DynamoDB checkpoint table.
+    :param stream_name: the stream.
+    :param consumer_name: the consumer.
+    :param batch_id: the pending batch to run.
+    :param lease_owner: the writer id the batch was handed over by (see module doc).
+    :param lease_seconds: the batch's lease (seconds); the job renews it every third of it.
+    :param records_expected: the planning run's probes saw a user record (the job may read and
+        write in one pass).
+    :param region_name: the store's region (``None``: the job's environment, ``AWS_DEFAULT_REGION``
+        or the cluster's).
+    """
+
+    checkpoint_table: str
+    stream_name: str
+    consumer_name: str
+    batch_id: int
+    lease_owner: str
+    lease_seconds: float
+    records_expected: bool = False
+    region_name: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_table_name(self.checkpoint_table)
+        validate_stream_name(self.stream_name)
+        validate_consumer_name(self.consumer_name)
+        if isinstance(self.batch_id, bool) or not isinstance(self.batch_id, int) or self.batch_id < 1:
+            raise ValueError(f"batch_id must be a positive integer; got {self.batch_id!r}")
+        if not self.lease_owner or "#" in self.lease_owner:
+            raise ValueError(f"lease_owner must be a non-empty writer id without '#'; got {self.lease_owner!r}")
+        if not self.lease_seconds or self.lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0 seconds; got {self.lease_seconds!r}")
+
+    def to_args(self) -> list[str]:
+        """The job's command-line arguments (parsed back by :meth:`add_arguments` /
+        :meth:`from_namespace`). No credential is ever among them."""
+        args = [
+            "--checkpoint-table", self.checkpoint_table, "--stream", self.stream_name, "--consumer", self.consumer_name,
+            "--batch-id", str(self.batch_id), "--lease-owner", self.lease_owner, "--lease-seconds", f"{self.lease_seconds:g}",
+        ]  # fmt: skip
+        if self.records_expected:
+            args.append("--records-expected")
+        if self.region_name:
+            args += ["--region", self.region_name]
+        return args
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """Add the arguments :meth:`to_args` writes to ``parser``."""
+        parser.add_argument("--checkpoint-table", required=True, help="the DynamoDB checkpoint table")
+        parser.add_argument("--stream", required=True, help="the Kinesis stream")
+        parser.add_argument("--consumer", required=True, help="the consumer (application) name")
+        parser.add_argument("--batch-id", type=int, required=True, help="the pending batch to run")
+        parser.add_argument("--lease-owner", required=True, help="the writer id that handed the batch over")
+        parser.add_argument("--lease-seconds", type=float, default=120.0, help="the batch's lease (seconds)")
+        parser.add_argument("--records-expected", action="store_true",
+                            help="the planning run saw a user record: read and write in one pass")  # fmt: skip
+        parser.add_argument("--region", default=None, help="the checkpoint table's AWS region (default: the environment's)")
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> JobArguments:
+        """The arguments from a namespace :meth:`add_arguments` parsed.
+
+        :raises ValueError: an argument is invalid (naming it).
+        """
+        return cls(
+            checkpoint_table=ns.checkpoint_table, stream_name=ns.stream, consumer_name=ns.consumer, batch_id=ns.batch_id,
+            lease_owner=ns.lease_owner, lease_seconds=ns.lease_seconds, records_expected=ns.records_expected,
+            region_name=ns.region,
+        )  # fmt: skip
+
+
+def writer_id(lease_owner: str, role: str) -> str:
+    """``{lease_owner}/{role}-{12 random hex digits}``: a writer acting for ``lease_owner``, unique
+    per process (two attempts of one job never share one)."""
+    return f"{lease_owner}/{role}-{uuid.uuid4().hex[:12]}"
+
+
+def staging_location(output_location: str, writer: str) -> str:
+    """Where ``writer`` writes the batch of ``output_location`` before publishing it:
+    ``{parent}/_staging/{name}-{digest of writer}`` next to the output (same file system, so the
+    publish is a rename)."""
+    parent, _, name = output_location.rstrip("/").rpartition("/")
+    digest = hashlib.sha256(writer.encode()).hexdigest()[:16]
+    return f"{parent}/{STAGING_DIR}/{name}-{digest}"
+
+
+def run_handed_batch(
+    store: Any,
+    args: JobArguments,
+    *,
+    write: Callable[[BatchPlan, str], dict[str, Any]],
+    publish: Callable[[str | None, str], None],
+    discard: Callable[[str], None],
+    cancel: Callable[[], None],
+    writer: str | None = None,
+) -> dict[str, Any]:
+    """Run the job of pending batch ``args.batch_id`` as handed over in the store (the driver's side).
+
+    :param store: the consumer's :class:`~airflow_kinesis_spark.core.store.DynamoDBCheckpointStore`.
+    :param write: ``write(plan, location)`` reads the plan's ranges, writes the output under
+        ``location`` and returns the job's result document (``records``, ``reports``: one per
+        planned range, as :meth:`ShardReport.to_dict`, ...).
+    :param publish: ``publish(staging, target)`` replaces ``target`` with ``staging`` (``None``:
+        nothing was written; remove ``target``).
+    :param discard: removes a staging directory that is not published (best effort).
+    :param cancel: cancels the running Spark jobs; called from the lease thread when the lease is lost.
+    :param writer: this process's writer id (default: :func:`writer_id` with role ``driver``).
+    :returns: ``status`` (``reported``; or ``already_committed`` / ``already_reported``: an earlier
+        attempt finished the work, nothing done), ``batch_id``, ``writer``, and the job's result.
+    :raises CheckpointConflictError: the batch is not pending or was taken over (this process's
+        arguments are stale, or it stalled past its lease): nothing published or recorded.
+    :raises BatchLeaseHeldError: another driver of this batch holds a live lease.
+    :raises ReportValidationError: the job's reports do not match the plan: nothing published.
+    """
+    writer = writer or writer_id(args.lease_owner, "driver")
+    head = store.head()
+    if head.pending_batch_id != args.batch_id:
+        if head.committed_batch_id >= args.batch_id:
+            log.info("batch %d is committed already (committed batch %d): nothing to do", args.batch_id, head.committed_batch_id)
+            return {"status": "already_committed", "batch_id": args.batch_id, "writer": writer}
+        raise CheckpointConflictError(
+            f"batch {args.batch_id} of stream {args.stream_name!r}, consumer {args.consumer_name!r} is not pending in "
+            f"checkpoint table {args.checkpoint_table!r} (committed batch {head.committed_batch_id}, pending batch "
+            f"{head.pending_batch_id}): it was discarded, or these job arguments belong to another run. Nothing was "
+            "read or written. Re-run the plan task (or the operator) to plan the next batch.",
+            batch_id=args.batch_id, committed_batch_id=head.committed_batch_id, pending_batch_id=head.pending_batch_id,
+        )  # fmt: skip
+    if head.pending_report_owner:
+        log.info("batch %d: its output was written and its report recorded by %s already: nothing to do",
+                 args.batch_id, head.pending_report_owner)  # fmt: skip
+        return {"status": "already_reported", "batch_id": args.batch_id, "writer": writer}
+    head = store.claim(args.batch_id, args.lease_owner, writer, args.lease_seconds)
+    plan = store.pending_plan(head)
+    if plan is None:
+        raise CheckpointConflictError(f"pending batch {args.batch_id} has no stored plan", batch_id=args.batch_id)
+    staging = staging_location(plan.output_location, writer)
+    published = False
+    log.info("batch %d claimed by %s: %d shard ranges, output %s (staged at %s)",
+             plan.batch_id, writer, len(plan.ranges), plan.output_location, staging)  # fmt: skip
+    try:
+        with store.hold_lease(plan.batch_id, writer, args.lease_seconds, on_lost=lambda err: cancel()):
+            result = write(plan, staging)
+            reports = [ShardReport.from_dict(r) for r in result["reports"]]
+            validate_report(plan, reports)  # a report that does not match its plan is never recorded
+            # Fenced: a writer that lost the batch (a zombie) fails here and publishes nothing.
+            store.heartbeat(plan.batch_id, writer)
+            publish(staging if result.get("records") or result.get("quarantine_location") else None, plan.output_location)
+            published = True
+            store.record_report(plan.batch_id, writer, reports)
+    finally:
+        if not published:
+            discard(staging)
+    store.release(plan.batch_id, writer)  # the commit may claim the batch at once
+    log.info("batch %d: %d records written to %s; report recorded by %s",
+             plan.batch_id, result["records"], plan.output_location, writer)  # fmt: skip
+    return {"status": "reported", "batch_id": plan.batch_id, "writer": writer, **result}
+
+
+def job_arguments_from(argv: Sequence[str]) -> JobArguments:
+    """Parse :meth:`JobArguments.to_args` output (ignoring other arguments)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    JobArguments.add_arguments(parser)
+    ns, _ = parser.parse_known_args(list(argv))
+    return JobArguments.from_namespace(ns)
