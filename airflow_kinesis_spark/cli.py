@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
@@ -434,3 +435,25 @@ def discard_pending(
     console.print(_printable(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output']}). "
                              f"The committed checkpoints (batch {result['committed_batch_id']}) are unchanged."),
                   soft_wrap=True, markup=False, highlight=False)  # fmt: skip
+
+
+@main.command(short_help="Write the Spark job script and the package zip, for a cluster's job task.")
+@click.argument("directory", type=click.Path(file_okay=False, writable=True))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def package(directory: str, as_json: bool) -> None:
+    """Write kinesis_batch.py (the Spark job) and airflow_kinesis_spark_core.zip (its Airflow-free
+    code, for --py-files) into DIRECTORY, to upload where the job task's Spark reads them (S3 for
+    EMR, Glue and Databricks). The cluster's Python also needs boto3 and aws-kinesis-agg
+    (docs/platforms.md)."""
+    import shutil
+
+    from airflow_kinesis_spark.hooks.spark import core_zip, spark_script_path
+
+    os.makedirs(directory, exist_ok=True)
+    script = shutil.copy(spark_script_path(), os.path.join(directory, "kinesis_batch.py"))
+    archive = core_zip(directory)
+    result = {"script": os.path.abspath(script), "py_files": os.path.abspath(archive)}
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"Spark job: {result['script']}\n--py-files: {result['py_files']}")

@@ -140,3 +140,24 @@ def operator_lineage(
         namespace, name = output_dataset_name(uri)
         outputs.append(OutputDataset(namespace=namespace, name=name, outputFacets=output_facets))
     return OperatorLineage(inputs=inputs, outputs=outputs)
+
+
+def emit_asset_events(outlets: Any, output_path: str, context: Mapping[str, Any], summary: Mapping[str, Any], log: Any) -> None:
+    """Put a batch summary on the output asset's event (an :class:`Asset` outlet of
+    :func:`output_uri`), and add the output asset's event to each :class:`AssetAlias` outlet when
+    the batch wrote records (``asset_event_extra`` is the event's ``extra``)."""
+    from airflow.sdk import Asset, AssetAlias
+
+    events = context.get("outlet_events")
+    uri = output_uri(output_path)
+    if events is None or uri is None:
+        return
+    extra = asset_event_extra(summary)
+    for outlet in outlets:
+        if isinstance(outlet, Asset) and outlet.uri == uri:
+            events[outlet].extra = extra
+            log.info("Asset event for %s: batch %s, %d records", uri, extra["batch_id"], extra["records"])
+        elif isinstance(outlet, AssetAlias) and extra["records"]:
+            events[outlet].add(asset_for_output(output_path), extra=extra)
+            log.info("Asset event for %s through alias %s: batch %s, %d records", uri, outlet.name,
+                     extra["batch_id"], extra["records"])  # fmt: skip

@@ -32,6 +32,7 @@ __all__ = [
     "list_shards",
     "probe_range",
     "count_range",
+    "read_head",
     "committed_state",
     "measure_lag",
     "measure_backlog",
@@ -130,6 +131,16 @@ async def _payload(client: Any, store: DynamoDBCheckpointStore, batch_id: int, k
     return join_chunks(items, f"{kind} of batch {batch_id}")
 
 
+async def read_head(client: Any, store: DynamoDBCheckpointStore) -> Head:
+    """Async ``store.head()``: a table that does not exist yet reads as no head."""
+    try:
+        return Head.from_item((await client.get_item(**store.head_request())).get("Item"))
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+            raise
+        return Head()
+
+
 async def committed_state(
     client: Any, store: DynamoDBCheckpointStore, *, with_plan: bool = True
 ) -> tuple[Head, dict[str, Checkpoint], BatchPlan | None]:
@@ -140,12 +151,7 @@ async def committed_state(
 
     :raises RuntimeError: the committed batch's checkpoints are missing (as the sync store).
     """
-    try:
-        head = Head.from_item((await client.get_item(**store.head_request())).get("Item"))
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
-            raise
-        return Head(), {}, None
+    head = await read_head(client, store)
     if head.committed_batch_id == 0 or head.committed_owner is None:
         return head, {}, None
     data = await _payload(client, store, head.committed_batch_id, "CKPT", head.committed_owner)

@@ -38,7 +38,15 @@ from airflow_kinesis_spark.exceptions import CheckpointConflictError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JobArguments", "writer_id", "staging_location", "run_handed_batch", "STAGING_DIR"]
+__all__ = [
+    "JobArguments",
+    "writer_id",
+    "staging_location",
+    "run_handed_batch",
+    "handed_batch_state",
+    "job_arguments_from",
+    "STAGING_DIR",
+]
 
 #: Where a job writes before it publishes: ``{output_root}/_staging/`` (a ``_`` folder: Spark's
 #: and most engines' Parquet readers skip it).
@@ -213,3 +221,42 @@ def job_arguments_from(argv: Sequence[str]) -> JobArguments:
     JobArguments.add_arguments(parser)
     ns, _ = parser.parse_known_args(list(argv))
     return JobArguments.from_namespace(ns)
+
+
+def handed_batch_state(
+    head: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, now_ms: int, handed_at_ms: int,
+    job_start_timeout: float,
+) -> dict[str, Any] | None:  # fmt: skip
+    """Where a handed batch stands, from the store's head item (what a deferred task waits on).
+
+    :param head: the head (:class:`~airflow_kinesis_spark.core.store.Head`).
+    :param handed_at_ms: when the batch was handed to its job (epoch milliseconds).
+    :param job_start_timeout: seconds a job has to claim the batch after it was handed over
+        (a cluster may queue it) before the wait gives up.
+    :returns: ``None`` while the job may still record its report; else ``{"status": ...,
+        "message": ...}`` with status ``reported`` (commit now), ``committed`` (by an earlier
+        attempt), ``not_pending`` (discarded, or another run moved on), ``taken_over`` (another
+        run holds the batch), or ``no_report`` (the job's lease expired, or it never claimed the
+        batch within ``job_start_timeout``, without a report).
+    """
+    if head.pending_batch_id != batch_id:
+        if head.committed_batch_id == batch_id:
+            return {"status": "committed", "message": f"batch {batch_id} is committed already"}
+        return {"status": "not_pending", "message": f"batch {batch_id} is not pending (committed batch "
+                f"{head.committed_batch_id}, pending batch {head.pending_batch_id})"}  # fmt: skip
+    if head.pending_report_owner:
+        return {"status": "reported", "message": f"batch {batch_id}: report recorded by {head.pending_report_owner}"}
+    holder = head.pending_owner or ""
+    if holder != lease_owner and not holder.startswith(lease_owner + "/"):
+        return {"status": "taken_over", "message": f"batch {batch_id} was taken over by {holder}"}
+    if holder == lease_owner:  # handed over, not claimed by a driver yet
+        waited = (now_ms - handed_at_ms) / 1000
+        if waited > job_start_timeout:
+            return {"status": "no_report", "message": f"batch {batch_id}: no job claimed it within {job_start_timeout:g} s "
+                    "of the hand-over (the job did not start, or failed before it claimed the batch)"}  # fmt: skip
+        return None
+    age = (now_ms - (head.pending_heartbeat or 0)) / 1000
+    if age > lease_seconds:
+        return {"status": "no_report", "message": f"batch {batch_id}: the job's driver {holder} stopped renewing its lease "
+                f"{age:.0f} s ago without recording a report (it failed or was killed)"}  # fmt: skip
+    return None

@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -244,6 +245,57 @@ class SparkSubmitJob:
             args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
             self._submit(plan_label, args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
                          output_location=output_location, checkpoint_table=arguments.checkpoint_table)  # fmt: skip
+
+    def submit_detached(self, arguments: JobArguments, *, output_location: str | None = None) -> str:
+        """Start the job of a handed batch and return without waiting for it (a deferrable
+        operator then waits on the checkpoint store).
+
+        * YARN or Kubernetes in cluster deploy mode: spark-submit with
+          ``spark.{yarn,kubernetes}.submission.waitAppCompletion=false`` returns once the
+          cluster accepted the application; the driver runs on the cluster.
+        * A local master (development): spark-submit starts as a detached process on this
+          machine (its own session and working directory, output in ``spark-submit.log`` there,
+          none of this worker's ``AIRFLOW_*`` variables); it outlives this task, as a cluster's
+          driver would.
+
+        :returns: where the driver runs, for the log.
+        :raises ValueError: any other master or deploy mode (the driver would run in this worker).
+        :raises RuntimeError: spark-submit failed to submit.
+        """
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        from airflow_kinesis_spark.die_with_parent import SCRUBBED_ENV_PREFIXES
+
+        tmp = tempfile.mkdtemp(prefix=f"kinesis-batch-{arguments.batch_id}-")
+        args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
+        hook = self._build_hook(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
+                                output_location, arguments.checkpoint_table)  # fmt: skip
+        master = str(hook._connection.get("master") or "")
+        deploy_mode = hook._connection.get("deploy_mode")
+        if master.startswith("local"):
+            command = SparkSubmitHook._build_spark_submit_command(hook, spark_script_path())  # without die_with_parent
+            env = {k: v for k, v in {**os.environ, **(hook._env or {})}.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
+            env["TMPDIR"] = tmp
+            log_path = os.path.join(tmp, "spark-submit.log")
+            with open(log_path, "wb") as out:
+                process = subprocess.Popen(command, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out,
+                                           stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            return f"local driver, process {process.pid}, log {log_path}"
+        if deploy_mode == "cluster" and (hook._is_yarn or hook._is_kubernetes):
+            key = f"spark.{'yarn' if hook._is_yarn else 'kubernetes'}.submission.waitAppCompletion"
+            hook._conf = {**(hook._conf or {}), key: "false"}
+            try:
+                hook.submit(application=spark_script_path())
+            except Exception as err:
+                raise RuntimeError(f"Submitting the Spark job of batch {arguments.batch_id} failed: {err} "
+                                   f"(spark connection {self.settings.spark_conn_id!r})") from err  # fmt: skip
+            return f"{master}, cluster deploy mode"
+        raise ValueError(
+            f"deferrable=True needs a Spark driver that does not run in this worker, but spark connection "
+            f"{self.settings.spark_conn_id!r} has master {master!r} and deploy mode {deploy_mode!r}. Use cluster deploy "
+            "mode on YARN or Kubernetes (connection extra 'deploy-mode': 'cluster'), a local master for development, "
+            "or deferrable=False."
+        )
 
     def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
         """Run the job of ``plan`` from a plan file (window mode).
@@ -572,6 +624,17 @@ class SparkJob:
 
     def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
         return self._runner().run(plan, records_expected=records_expected)
+
+    def submit_detached(self, arguments: JobArguments, *, output_location: str | None = None) -> str:
+        """:meth:`SparkSubmitJob.submit_detached`.
+
+        :raises ValueError: the connection is a Spark Connect one (its job runs in this process).
+        """
+        runner = self._runner()
+        if not isinstance(runner, SparkSubmitJob):
+            raise ValueError(f"deferrable=True does not apply to spark_connect connection {self.settings.spark_conn_id!r}: "
+                             "the job runs in this worker's process; use deferrable=False")  # fmt: skip
+        return runner.submit_detached(arguments, output_location=output_location)
 
     def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
         runner = self._runner()

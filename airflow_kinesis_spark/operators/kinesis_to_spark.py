@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
+from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
@@ -22,6 +23,7 @@ from airflow_kinesis_spark.core.protocol import (
     DEFAULT_LEASE_SECONDS,
     IncrementalSettings,
     WindowSettings,
+    prepare_incremental,
     run_incremental,
     run_window,
 )
@@ -35,8 +37,10 @@ from airflow_kinesis_spark.exceptions import (
     ReportValidationError,
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.operators.handoff import commit_event
+from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 from airflow_kinesis_spark.hooks.spark import SparkJob, SparkJobSettings, spark_script_path, validate_job_credentials
-from airflow_kinesis_spark.lineage import asset_event_extra, asset_for_output, operator_lineage, output_uri
+from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
 
 __all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
 
@@ -143,6 +147,16 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         outlet). For events only when records were written, pass ``output_asset=False`` and
         ``outlets=[AssetAlias(...)]``: the operator adds the output asset's event to each alias
         outlet only when ``records`` > 0. OpenLineage: :meth:`get_openlineage_facets_on_complete`.
+    :param deferrable: hand the batch to a Spark driver that does not run in this worker, then
+        wait in the triggerer (:class:`~airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger`)
+        instead of a worker slot, and commit when the job recorded its report. Needs a spark
+        connection in cluster deploy mode on YARN or Kubernetes (submitted with
+        ``spark.{yarn,kubernetes}.submission.waitAppCompletion=false``), or a local master
+        (development: the driver runs as a detached process on this machine). Not with Spark
+        Connect. Same events and XCom as the blocking path.
+    :param poke_interval: seconds between two reads of the checkpoint store while deferred.
+    :param job_start_timeout: seconds the deferred job has to claim its batch (a cluster may
+        queue it) before the wait fails and the task retries (the plan stays pending).
     :returns: (XCom) the batch summary: ``batch_id``, ``status`` (``committed``,
         ``committed_without_records`` or ``no_new_records``), ``stream_name``,
         ``consumer_name``, ``records``, ``bytes``, ``output_path``, ``quarantined`` (corrupt
@@ -209,9 +223,15 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         job_credentials: str = "scoped",
         point_in_time_recovery: bool = True,
         deletion_protection: bool = True,
+        deferrable: bool = False,
+        poke_interval: float = 10.0,
+        job_start_timeout: float = 600.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.deferrable = deferrable
+        self.poke_interval = poke_interval
+        self.job_start_timeout = job_start_timeout
         self.point_in_time_recovery = point_in_time_recovery
         self.deletion_protection = deletion_protection
         self.keep_batches = keep_batches
@@ -299,19 +319,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     def _publish(self, context: Context, summary: dict[str, Any]) -> None:
         """Put the batch summary on the output asset's event (see ``output_asset``); keep it for lineage."""
         self._outcome = summary
-        events = context.get("outlet_events")
-        uri = output_uri(self.output_path)
-        if events is None or uri is None:
-            return
-        extra = asset_event_extra(summary)
-        for outlet in self.outlets:
-            if isinstance(outlet, Asset) and outlet.uri == uri:
-                events[outlet].extra = extra
-                self.log.info("Asset event for %s: batch %s, %d records", uri, extra["batch_id"], extra["records"])
-            elif isinstance(outlet, AssetAlias) and extra["records"]:
-                events[outlet].add(asset_for_output(self.output_path), extra=extra)
-                self.log.info("Asset event for %s through alias %s: batch %s, %d records", uri, outlet.name,
-                              extra["batch_id"], extra["records"])  # fmt: skip
+        emit_asset_events(self.outlets, self.output_path, context, summary, self.log)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage datasets (``lineage.operator_lineage``): the stream (namespace
@@ -323,12 +331,54 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         return operator_lineage(stream_name=self.stream_name, region=region, output_path=self.output_path, summary=self._outcome)
 
     def _run_batch(self, context: Context) -> dict[str, Any]:
+        store = self._store()
+        settings = self._settings(context)
+        owner = self._owner(context)
+        if not self.deferrable:
+            return run_incremental(self.kinesis_hook.conn, store, self.spark_job, settings, owner)
+        prepared = prepare_incremental(self.kinesis_hook.conn, store, settings, owner)
+        if prepared.summary is not None:
+            return prepared.summary
+        plan = prepared.plan
+        arguments = prepared.job_arguments(store, owner, self.lease_seconds)
+        job = self.spark_job.submit_detached(arguments, output_location=plan.output_location)  # type: ignore[union-attr]
+        self.log.info("Batch %d handed to its Spark job (%s); deferring until its report is recorded", plan.batch_id, job)
+        self.defer(
+            trigger=KinesisBatchReportTrigger(
+                stream_name=self.stream_name, consumer_name=self.consumer_name, checkpoint_table=self.checkpoint_table,
+                batch_id=plan.batch_id, lease_owner=owner, lease_seconds=self.lease_seconds, handed_at=time.time(),
+                job_start_timeout=self.job_start_timeout, poke_interval=self.poke_interval, aws_conn_id=self.aws_conn_id,
+                region_name=self.region_name,
+            ),
+            method_name="execute_complete",
+            kwargs={"reused": prepared.reused},
+        )  # fmt: skip
+        raise AssertionError("unreachable: defer() raises")  # pragma: no cover
+
+    def execute_complete(self, context: Context, event: dict[str, Any], reused: bool = False) -> dict[str, Any]:
+        """Resume after :class:`KinesisBatchReportTrigger` fired: commit the handed batch (same
+        summary, XCom and asset event as the blocking path).
+
+        :raises AirflowFailException: the batch was taken over or is no longer pending, or the
+            recorded report does not match the plan (no retry).
+        :raises AirflowException: the job ended without a report (retryable: the plan stays pending).
+        """
+        self.validate()
+        summary = commit_event(self._store(), event, self.lease_seconds, reused=reused)
+        self._publish(context, summary)
+        return summary
+
+    def _store(self) -> Any:
+        """The consumer's checkpoint store, its table created on first use."""
         store = self.checkpoint_hook.get_store(
             self.checkpoint_table, self.stream_name, self.consumer_name, keep_batches=self.keep_batches,
             point_in_time_recovery=self.point_in_time_recovery, deletion_protection=self.deletion_protection,
         )  # fmt: skip
         store.ensure_table()
-        settings = IncrementalSettings(
+        return store
+
+    def _settings(self, context: Context) -> IncrementalSettings:
+        return IncrementalSettings(
             stream_name=self.stream_name,
             consumer_name=self.consumer_name,
             output_root=self.output_path,
@@ -341,7 +391,6 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             lease_seconds=self.lease_seconds,
             min_call_interval=self.min_call_interval,
         )
-        return run_incremental(self.kinesis_hook.conn, store, self.spark_job, settings, self._owner(context))
 
     @cached_property
     def read_options(self) -> ReadOptions:

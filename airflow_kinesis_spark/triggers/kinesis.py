@@ -12,6 +12,7 @@ scheduling), which runs as long as the watching asset exists and fires once per 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -20,6 +21,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_kinesis_spark.core import aio
+from airflow_kinesis_spark.core.job import handed_batch_state
 from airflow_kinesis_spark.core.lag import (
     backlog_due,
     backlog_ready,
@@ -31,7 +33,13 @@ from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
 
-__all__ = ["KinesisShardLagTrigger", "KinesisReshardingTrigger", "KinesisRetentionTrigger", "KinesisBacklogTrigger"]
+__all__ = [
+    "KinesisShardLagTrigger",
+    "KinesisReshardingTrigger",
+    "KinesisRetentionTrigger",
+    "KinesisBacklogTrigger",
+    "KinesisBatchReportTrigger",
+]
 
 #: The shortest ``poke_interval`` of :class:`KinesisBacklogTrigger` (seconds). Each poll calls
 #: ``GetShardIterator`` once and ``GetRecords`` up to 3 times per shard; both are limited to 5
@@ -315,3 +323,51 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
                 if payload is not None:
                     yield TriggerEvent(payload)
                 await asyncio.sleep(self.poke_interval)
+
+
+class KinesisBatchReportTrigger(_ConsumerTrigger):
+    """Waits on the checkpoint store while a handed batch's job runs elsewhere (a deferred
+    ``KinesisToSparkOperator`` or ``KinesisCommitBatchOperator``): one ``GetItem`` of the head per
+    poll, no worker slot.
+
+    Fires once (``core.job.handed_batch_state``): ``reported`` (the job recorded its report:
+    commit now), ``committed`` (an earlier attempt committed it), ``not_pending``, ``taken_over``,
+    or ``no_report`` (the job's lease expired, or no job claimed the batch within
+    ``job_start_timeout`` seconds of ``handed_at``, without a report); ``error`` when the store
+    cannot be read.
+
+    :param batch_id: the handed batch.
+    :param lease_owner: the writer id it was handed over by.
+    :param lease_seconds: the batch's lease (seconds).
+    :param handed_at: when it was handed over (epoch seconds).
+    :param job_start_timeout: seconds the job has to claim the batch.
+    :param kwargs: the common arguments (see ``_ConsumerTrigger``).
+    """
+
+    def __init__(
+        self, *, batch_id: int, lease_owner: str, lease_seconds: float, handed_at: float, job_start_timeout: float,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.batch_id = int(batch_id)
+        self.lease_owner = lease_owner
+        self.lease_seconds = float(lease_seconds)
+        self.handed_at = float(handed_at)
+        self.job_start_timeout = float(job_start_timeout)
+
+    def own_arguments(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "lease_owner": self.lease_owner, "lease_seconds": self.lease_seconds,
+                "handed_at": self.handed_at, "job_start_timeout": self.job_start_timeout}  # fmt: skip
+
+    async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
+        head = await aio.read_head(dynamodb, self._store())
+        state = handed_batch_state(
+            head, self.batch_id, self.lease_owner, self.lease_seconds, now_ms=int(time.time() * 1000),
+            handed_at_ms=int(self.handed_at * 1000), job_start_timeout=self.job_start_timeout,
+        )  # fmt: skip
+        if state is None:
+            self.log.info("batch %d of %s/%s: job running (holder %s)", self.batch_id, self.stream_name, self.consumer_name,
+                          head.pending_owner)  # fmt: skip
+            return None
+        self.log.info("batch %d: %s", self.batch_id, state["message"])
+        return {**state, "batch_id": self.batch_id, "lease_owner": self.lease_owner}

@@ -1,0 +1,51 @@
+"""What the operators do with a handed batch's outcome (deferred operator, split commit task)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_kinesis_spark.core.protocol import commit_handed
+from airflow_kinesis_spark.exceptions import (
+    BatchLeaseHeldError,
+    CheckpointConflictError,
+    ReportNotRecordedError,
+    ReportValidationError,
+)
+
+__all__ = ["commit_event", "commit_or_raise"]
+
+AFTER = "Nothing was committed; the plan stays pending and the next attempt re-uses it."
+
+
+def commit_or_raise(store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False) -> dict[str, Any]:
+    """:func:`~airflow_kinesis_spark.core.protocol.commit_handed`, its errors as Airflow's.
+
+    :raises AirflowFailException: (no retry) another run took the batch over or moved on, or the
+        recorded report does not match the plan.
+    :raises AirflowException: (retryable) no report recorded yet, or a driver still holds the lease.
+    """
+    try:
+        return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused)
+    except (CheckpointConflictError, ReportValidationError) as err:
+        raise AirflowFailException(str(err)) from err
+    except (ReportNotRecordedError, BatchLeaseHeldError) as err:
+        raise AirflowException(str(err)) from err
+
+
+def commit_event(store: Any, event: dict[str, Any], lease_seconds: float, *, reused: bool = False) -> dict[str, Any]:
+    """Commit after :class:`~airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger` fired.
+
+    :param event: the trigger's payload (``status``, ``message``, ``batch_id``, ``lease_owner``).
+    :returns: the batch summary (``reported`` and ``committed``).
+    :raises AirflowFailException: ``taken_over`` or ``not_pending`` (another run moved on; no retry).
+    :raises AirflowException: ``no_report`` or ``error`` (retryable).
+    """
+    status = event.get("status")
+    if status in ("reported", "committed"):
+        return commit_or_raise(store, int(event["batch_id"]), event["lease_owner"], lease_seconds, reused=reused)
+    message = event.get("message") or status
+    if status in ("taken_over", "not_pending"):
+        raise AirflowFailException(f"{message}: another run of this consumer moved on. This run's output is not committed.")
+    raise AirflowException(f"{message}. {AFTER}")
