@@ -90,8 +90,14 @@ demo-backfill: venv
 demo-resharding: venv kinesalite
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m demo.run_resharding
 
+# The suite runs on every core (pytest-xdist, work stealing): most tests wait on emulators, JVM
+# starts and Spark jobs, and each worker starts its own emulators on free ports. TEST_WORKERS=1
+# runs it in one process.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+XDIST := -n $(TEST_WORKERS) --dist worksteal
+
 test: venv venv-spark35 kinesalite postgres
-	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q
+	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q $(XDIST)
 	$(MAKE) --no-print-directory test-spark35
 
 # The PySpark job's tests (tests/spark) on Spark 3.5; `make test` runs them on Spark 4 and then here.
@@ -104,7 +110,7 @@ test-reliability: venv kinesalite
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q -m reliability
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(XDIST)
 
 # The Sphinx documentation (docs/), API reference included; any warning fails the build.
 docs: venv

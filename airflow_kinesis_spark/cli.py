@@ -437,7 +437,15 @@ def discard_pending(
                   soft_wrap=True, markup=False, highlight=False)  # fmt: skip
 
 
-@main.command(short_help="Write the Spark job script and the package zip, for a cluster's job task.")
+PACKAGE_EPILOG = """\b
+Examples:
+  # the job and its code, then to S3 for an EMR / Glue / Databricks job task
+  kinesis-spark package build/job
+  aws s3 cp build/job s3://my-bucket/kinesis-spark/ --recursive
+"""
+
+
+@main.command(epilog=PACKAGE_EPILOG, short_help="Write the Spark job script and the package zip, for a cluster's job task.")
 @click.argument("directory", type=click.Path(file_okay=False, writable=True))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def package(directory: str, as_json: bool) -> None:
