@@ -440,7 +440,7 @@ def discard_pending(
 PACKAGE_EPILOG = """\b
 Examples:
   # the job and its code, then to S3 for an EMR / Glue / Databricks job task
-  kinesis-spark package build/job
+  kinesis-spark package build/kinesis-spark-job --json > build/job.json
   aws s3 cp build/job s3://my-bucket/kinesis-spark/ --recursive
 """
 
