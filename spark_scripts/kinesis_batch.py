@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from airflow_kinesis_spark.core.job import JobArguments, run_handed_batch
+from airflow_kinesis_spark.core.job import JobArguments, run_handed_batch, run_handed_window
 from airflow_kinesis_spark.core.reader import ReadOptions
 from airflow_kinesis_spark.core.schema import arrow_schema, spark_ddl
 from airflow_kinesis_spark.core.transform import resolve_transform
@@ -515,16 +515,21 @@ def run_handed(args: argparse.Namespace, transform: Callable | None) -> int:
             log.error("lost the lease on batch %d: cancelling the Spark jobs; nothing is published", job_args.batch_id)
             spark.sparkContext.cancelAllJobs()
 
+    handlers = {
+        "write": write,
+        "publish": lambda staging, target: publish(spark, staging, target),
+        "discard": lambda staging: spark is not None and discard(spark, staging),
+    }
     try:
-        outcome = run_handed_batch(
-            store, job_args, write=write, cancel=cancel,
-            publish=lambda staging, target: publish(spark, staging, target),
-            discard=lambda staging: spark is not None and discard(spark, staging),
-        )  # fmt: skip
+        if job_args.window:
+            outcome = run_handed_window(store, job_args, **handlers)
+        else:
+            outcome = run_handed_batch(store, job_args, cancel=cancel, **handlers)
     finally:
         if spark is not None:
             spark.stop()
-    log.info("batch %d: %s (writer %s)", job_args.batch_id, outcome["status"], outcome["writer"])
+    log.info("%s: %s (writer %s)", f"window {job_args.window}" if job_args.window else f"batch {job_args.batch_id}",
+             outcome["status"], outcome["writer"])  # fmt: skip
     return 0
 
 

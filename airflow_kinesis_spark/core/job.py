@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ __all__ = [
     "writer_id",
     "staging_location",
     "run_handed_batch",
+    "run_handed_window",
     "handed_batch_state",
     "job_arguments_from",
     "STAGING_DIR",
@@ -67,6 +69,8 @@ class JobArguments:
         write in one pass).
     :param region_name: the store's region (``None``: the job's environment, ``AWS_DEFAULT_REGION``
         or the cluster's).
+    :param window: a window run's label (``core.window.window_label``; ``batch_id`` 0): the plan
+        and the report are the window's items in the store (``write_window``), not a batch's.
     """
 
     checkpoint_table: str
@@ -77,29 +81,35 @@ class JobArguments:
     lease_seconds: float
     records_expected: bool = False
     region_name: str | None = None
+    window: str | None = None
 
     def __post_init__(self) -> None:
         validate_table_name(self.checkpoint_table)
         validate_stream_name(self.stream_name)
         validate_consumer_name(self.consumer_name)
-        if isinstance(self.batch_id, bool) or not isinstance(self.batch_id, int) or self.batch_id < 1:
-            raise ValueError(f"batch_id must be a positive integer; got {self.batch_id!r}")
+        if isinstance(self.batch_id, bool) or not isinstance(self.batch_id, int) or self.batch_id < (0 if self.window else 1):
+            raise ValueError(f"batch_id must be a positive integer (0 for a window); got {self.batch_id!r}")
+        if self.window is not None and (not self.window or "#" in self.window):
+            raise ValueError(f"window must be a window label without '#' (core.window.window_label); got {self.window!r}")
         if not self.lease_owner or "#" in self.lease_owner:
             raise ValueError(f"lease_owner must be a non-empty writer id without '#'; got {self.lease_owner!r}")
-        if not self.lease_seconds or self.lease_seconds <= 0:
-            raise ValueError(f"lease_seconds must be > 0 seconds; got {self.lease_seconds!r}")
+        if not self.lease_seconds or not math.isfinite(self.lease_seconds) or self.lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be a finite number > 0 of seconds; got {self.lease_seconds!r}")
 
     def to_args(self) -> list[str]:
         """The job's command-line arguments (parsed back by :meth:`add_arguments` /
         :meth:`from_namespace`). No credential is ever among them."""
+        lease = repr(float(self.lease_seconds)).removesuffix(".0")  # the shortest text that parses back to it exactly
         args = [
             "--checkpoint-table", self.checkpoint_table, "--stream", self.stream_name, "--consumer", self.consumer_name,
-            "--batch-id", str(self.batch_id), "--lease-owner", self.lease_owner, "--lease-seconds", f"{self.lease_seconds:g}",
+            "--batch-id", str(self.batch_id), "--lease-owner", self.lease_owner, "--lease-seconds", lease,
         ]  # fmt: skip
         if self.records_expected:
             args.append("--records-expected")
         if self.region_name:
             args += ["--region", self.region_name]
+        if self.window:
+            args += ["--window", self.window]
         return args
 
     @staticmethod
@@ -114,6 +124,7 @@ class JobArguments:
         parser.add_argument("--records-expected", action="store_true",
                             help="the planning run saw a user record: read and write in one pass")  # fmt: skip
         parser.add_argument("--region", default=None, help="the checkpoint table's AWS region (default: the environment's)")
+        parser.add_argument("--window", default=None, help="a window run's label: its plan and report are the window's")
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> JobArguments:
@@ -124,7 +135,7 @@ class JobArguments:
         return cls(
             checkpoint_table=ns.checkpoint_table, stream_name=ns.stream, consumer_name=ns.consumer, batch_id=ns.batch_id,
             lease_owner=ns.lease_owner, lease_seconds=ns.lease_seconds, records_expected=ns.records_expected,
-            region_name=ns.region,
+            region_name=ns.region, window=ns.window,
         )  # fmt: skip
 
 
@@ -188,7 +199,9 @@ def run_handed_batch(
         log.info("batch %d: its output was written and its report recorded by %s already: nothing to do",
                  args.batch_id, head.pending_report_owner)  # fmt: skip
         return {"status": "already_reported", "batch_id": args.batch_id, "writer": writer}
-    head = store.claim(args.batch_id, args.lease_owner, writer, args.lease_seconds)
+    # Conditional on no report: a driver that stalled after the check above must not run the batch
+    # again over another driver's recorded report (its publish replaces that driver's output).
+    head = store.claim(args.batch_id, args.lease_owner, writer, args.lease_seconds, before_report=True)
     plan = store.pending_plan(head)
     if plan is None:
         raise CheckpointConflictError(f"pending batch {args.batch_id} has no stored plan", batch_id=args.batch_id)
@@ -213,6 +226,55 @@ def run_handed_batch(
     log.info("batch %d: %d records written to %s; report recorded by %s",
              plan.batch_id, result["records"], plan.output_location, writer)  # fmt: skip
     return {"status": "reported", "batch_id": plan.batch_id, "writer": writer, **result}
+
+
+def run_handed_window(
+    store: Any,
+    args: JobArguments,
+    *,
+    write: Callable[[BatchPlan, str], dict[str, Any]],
+    publish: Callable[[str | None, str], None],
+    discard: Callable[[str], None],
+    writer: str | None = None,
+) -> dict[str, Any]:
+    """Run a window job whose plan the planning run stored (``store.write_window``; the driver's side).
+
+    A window has no lease and moves no checkpoint: the job reads the plan stored under
+    ``args.lease_owner``, writes to staging, checks its reports cover every (shard, slice) once,
+    publishes, and stores its report under the same owner, where the planning run reads it. The
+    same window gives the same rows, so a late driver of an earlier attempt publishes the same rows.
+
+    :param write: / :param publish: / :param discard: as :func:`run_handed_batch`.
+    :returns: ``status`` ``reported``, ``window``, ``writer`` and the job's result.
+    :raises ReportNotRecordedError: no plan stored for the window under ``args.lease_owner``.
+    :raises ReportValidationError: the reports do not cover the plan: nothing published.
+    """
+    from airflow_kinesis_spark.core.window import validate_window_report
+    from airflow_kinesis_spark.exceptions import ReportNotRecordedError
+
+    assert args.window, "not a window's arguments"
+    writer = writer or writer_id(args.lease_owner, "driver")
+    data = store.read_window(args.window, "PLAN", args.lease_owner)
+    if data is None:
+        raise ReportNotRecordedError(
+            f"no plan of window {args.window} stored by {args.lease_owner} in checkpoint table {args.checkpoint_table!r}: "
+            "these job arguments belong to another run, or its items expired. Nothing was read or written."
+        )
+    plan = BatchPlan.from_dict(data)
+    staging = staging_location(plan.output_location, writer)
+    published = False
+    try:
+        result = write(plan, staging)
+        reports = [ShardReport.from_dict(r) for r in result["reports"]]
+        validate_window_report(plan, reports)
+        publish(staging if result.get("records") or result.get("quarantine_location") else None, plan.output_location)
+        published = True
+    finally:
+        if not published:
+            discard(staging)
+    store.write_window(args.window, "REPORT", args.lease_owner, [r.to_dict() for r in reports])
+    log.info("window %s: %d records written to %s; report stored", args.window, result["records"], plan.output_location)
+    return {"status": "reported", "window": args.window, "writer": writer, **result}
 
 
 def job_arguments_from(argv: Sequence[str]) -> JobArguments:

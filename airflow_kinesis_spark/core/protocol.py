@@ -199,7 +199,8 @@ def run_incremental(
     1. :func:`prepare_incremental`: re-use the pending batch, or plan, probe and persist a new
        one (or finish without a job: no new records, or a report recorded already).
     2. Run the job. A :class:`HandedBatchJob` takes the batch from the store under this run's
-       ``owner`` and records its report there itself (``core.job``); the batch is then claimed
+       ``owner`` (this run renews the lease until the job's driver claimed the batch) and
+       records its report there itself (``core.job``); the batch is then claimed
        back and committed (:func:`commit_handed`). A :class:`BatchJob` runs in this process
        under this run's lease and returns its reports, which are validated, recorded and committed.
 
@@ -223,7 +224,10 @@ def run_incremental(
     if hands_off(job):
         arguments = prepared.job_arguments(store, owner, settings.lease_seconds)
         try:
-            job.run_handed(arguments, output_location=plan.output_location)  # type: ignore[union-attr]
+            # This run holds the batch until its job's driver claims it (the driver's start may
+            # outlast the lease); the driver holds it from then on.
+            with store.hold_hand_off(plan.batch_id, owner, settings.lease_seconds):
+                job.run_handed(arguments, output_location=plan.output_location)  # type: ignore[union-attr]
         except Exception:
             store.release_handed(plan.batch_id, owner)  # its processes ended: a retry need not wait for the lease
             raise
@@ -595,7 +599,10 @@ def incremental_summary(
 # -- window ------------------------------------------------------------------------------------
 
 
-def run_window(kinesis: Any, job: BatchJob, settings: WindowSettings, *, now: datetime | None = None) -> dict[str, Any]:
+def run_window(
+    kinesis: Any, job: BatchJob | HandedBatchJob, settings: WindowSettings, *, now: datetime | None = None,
+    store: Any = None, owner: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Read the window ``[start, end)`` of a stream by arrival time (backfill); checkpoints untouched.
 
     Every shard that may have been open during the window is planned (closed ones included),
@@ -603,7 +610,13 @@ def run_window(kinesis: Any, job: BatchJob, settings: WindowSettings, *, now: da
     probe found a record. The same window gives the same rows: its output location is derived
     from the window and overwritten on re-run.
 
+    With a ``store`` and a :class:`HandedBatchJob`, the plan goes to the job through the store
+    (``store.write_window`` under ``owner``) and its report comes back the same way, so the
+    driver may run anywhere; otherwise the job gets the plan directly (:class:`BatchJob`).
+
     :param kinesis: boto3 Kinesis client.
+    :param store: a checkpoint store of the window's (stream, consumer): only its window items are used.
+    :param owner: this run's writer id (with ``store``).
     :returns: ``mode`` ``window``, ``status`` (``written`` or ``no_records``), ``stream_name``,
         ``window_start``, ``window_end``, ``records``, ``bytes``, ``output_path``, ``quarantined``,
         ``quarantine_path``, ``out_of_range``, ``time_slices``, ``shards`` (per shard ``records``,
@@ -632,8 +645,10 @@ def run_window(kinesis: Any, job: BatchJob, settings: WindowSettings, *, now: da
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
     found = any(r.records or r.quarantined for r in probes)
-    if found:
-        reports = job.run(plan, records_expected=any(r.records for r in probes))
+    if found and store is not None and hands_off(job):
+        reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes))  # type: ignore[arg-type]
+    elif found:
+        reports = job.run(plan, records_expected=any(r.records for r in probes))  # type: ignore[union-attr]
     else:
         log.info("No records in the window: no Spark job, no files")
         reports = probes
@@ -658,3 +673,20 @@ def run_window(kinesis: Any, job: BatchJob, settings: WindowSettings, *, now: da
     }
     log.info("Window written: %d records from %d shards to %s", records, len(result["shards"]), result["output_path"])
     return result
+
+
+def _run_handed_window(store: Any, job: HandedBatchJob, plan: BatchPlan, owner: str, records_expected: bool) -> list[ShardReport]:
+    """Hand a window's plan to its job through the store and read its report back from there."""
+    label = window_label(plan.window_start, plan.cutoff)  # type: ignore[arg-type]
+    store.write_window(label, "PLAN", owner, plan.to_dict())
+    arguments = JobArguments(
+        checkpoint_table=store.table_name, stream_name=plan.stream_name, consumer_name=plan.consumer_name, batch_id=0,
+        lease_owner=owner, lease_seconds=DEFAULT_LEASE_SECONDS, records_expected=records_expected,
+        region_name=getattr(getattr(store.client, "meta", None), "region_name", None), window=label,
+    )  # fmt: skip
+    job.run_handed(arguments, output_location=plan.output_location)
+    data = store.read_window(label, "REPORT", owner)
+    if data is None:
+        raise ReportNotRecordedError(f"The Spark job of window {label} ended without storing its report in checkpoint table "
+                                     f"{store.table_name!r}. A re-run reads the same window and overwrites its output.")  # fmt: skip
+    return [ShardReport.from_dict(r) for r in data]

@@ -18,6 +18,9 @@ key (``pk``, ``sk``)                  item
                                       (``id <= committed id - keep_batches``) gets
                                       ``expires_at`` (a number: epoch seconds), the table's
                                       TTL attribute: DynamoDB deletes it afterwards
+``..., WINDOW#{label}#...#n``         a window run's ``PLAN`` and ``REPORT`` chunks, keyed by
+                                      kind and owner (a window job that takes its plan from
+                                      the store); ``expires_at`` 7 days after they are written
 ``..., LEASE#{shard id}``             per-shard mirror in the KCL's attribute names (``leaseKey``,
                                       ``leaseOwner`` = consumer, ``checkpoint``,
                                       ``checkpointSubSequenceNumber``) plus ``batchId`` and, for
@@ -75,6 +78,9 @@ DEFAULT_KEEP_BATCHES = 100
 
 #: Characters of JSON per chunk item; a DynamoDB item holds at most 400 KB.
 CHUNK_CHARS = 350_000
+
+#: Days a window run's plan and report stay in the table (``write_window``).
+WINDOW_DAYS = 7
 
 #: The batch log's TTL attribute (a number, epoch seconds; DynamoDB developer guide, "Using time to live").
 TTL_ATTRIBUTE = "expires_at"
@@ -407,10 +413,13 @@ class DynamoDBCheckpointStore:
 
         :param kind: ``PLAN``, ``REPORT`` or ``CKPT``.
         """
+        return self._prefix_request(self._prefix(batch_id, kind, owner))
+
+    def _prefix_request(self, prefix: str) -> dict[str, Any]:
         return {
             "TableName": self.table_name,
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
-            "ExpressionAttributeValues": {":pk": {"S": self.pk}, ":prefix": {"S": self._prefix(batch_id, kind, owner)}},
+            "ExpressionAttributeValues": {":pk": {"S": self.pk}, ":prefix": {"S": prefix}},
             "ConsistentRead": True,
         }
 
@@ -509,7 +518,9 @@ class DynamoDBCheckpointStore:
         log.info("took over pending batch %d from %s", batch_id, head.pending_owner)
         return self.head()
 
-    def claim(self, batch_id: int, lease_owner: str, writer: str, lease_seconds: float = 120.0) -> Head:
+    def claim(
+        self, batch_id: int, lease_owner: str, writer: str, lease_seconds: float = 120.0, *, before_report: bool = False
+    ) -> Head:
         """Become the holder of pending batch ``batch_id`` as ``writer``, on behalf of ``lease_owner``.
 
         The hand-off between the run that planned a batch (``lease_owner``: the operator, or the
@@ -525,12 +536,15 @@ class DynamoDBCheckpointStore:
 
         Every earlier writer is fenced off from then on: its heartbeat, report and commit are refused.
 
+        :param before_report: claim only while no report is recorded (a driver: a batch whose
+            output another driver published and recorded is never run again, even by a driver
+            that found no report before it claimed and stalled meanwhile).
         :returns: the head after the claim.
         :raises BatchLeaseHeldError: another writer of ``lease_owner`` holds a live lease (another
             driver of this batch is at work).
         :raises CheckpointConflictError: ``batch_id`` is not pending, or another run took it over
             (a holder that is not ``lease_owner`` nor one of its writers): this caller's
-            arguments are stale.
+            arguments are stale; or, with ``before_report``, a report is recorded.
         """
         if writer != lease_owner and not writer.startswith(lease_owner + "/"):
             raise ValueError(f"writer {writer!r} must be {lease_owner!r} or start with {lease_owner + '/'!r}")
@@ -540,11 +554,12 @@ class DynamoDBCheckpointStore:
                 self._raise_if_leased(head, batch_id, writer, lease_seconds)
         self._update_head(
             "SET pending_owner = :w, pending_since = :t, pending_heartbeat = :hb",
-            "pending_batch_id = :n AND (pending_owner = :lo OR pending_owner = :w OR (begins_with(pending_owner, :lop) "
+            ("attribute_not_exists(pending_report_owner) AND " if before_report else "")
+            + "pending_batch_id = :n AND (pending_owner = :lo OR pending_owner = :w OR (begins_with(pending_owner, :lop) "
             "AND (attribute_not_exists(pending_heartbeat) OR pending_heartbeat < :stale)))",
             {":n": {"N": str(batch_id)}, ":w": {"S": writer}, ":lo": {"S": lease_owner}, ":lop": {"S": lease_owner + "/"},
              ":t": {"S": _now()}, ":hb": {"N": str(_now_ms())}, ":stale": {"N": str(_now_ms() - int(lease_seconds * 1000))}},
-            action=f"claim pending batch {batch_id} for {lease_owner}",
+            action=f"claim pending batch {batch_id} for {lease_owner}{' before its report is recorded' if before_report else ''}",
             owner=writer,
             applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == writer,
         )  # fmt: skip
@@ -603,6 +618,45 @@ class DynamoDBCheckpointStore:
             )
         except CheckpointConflictError:
             log.info("lease on batch %d is held by another run; nothing to release", batch_id)
+
+    @contextmanager
+    def hold_hand_off(self, batch_id: int, lease_owner: str, lease_seconds: float) -> Iterator[None]:
+        """Keep ``lease_owner``'s lease on pending batch ``batch_id`` alive while the batch waits for
+        its job to claim it (:meth:`claim`): spark-submit, the JVM's start or a cluster's queue may
+        take longer than the lease, and another run of the consumer must not take over a batch
+        that a live run is handing to its job.
+
+        A daemon thread renews the heartbeat (:meth:`heartbeat` as ``lease_owner``) every
+        ``lease_seconds / 3`` and stops at the first renewal that finds another holder: the job's
+        driver claimed the batch and renews its own lease from then on (or the batch moved on).
+        Any other renewal error is logged as a warning and retried at the next renewal. On exit
+        the thread is stopped and joined (at most 10 s); nothing is released (see
+        :meth:`release_handed`).
+
+        :raises ValueError: ``lease_seconds`` is not > 0.
+        """
+        if not lease_seconds or lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0 seconds; got {lease_seconds!r}")
+        done = threading.Event()
+
+        def renew() -> None:
+            while not done.wait(lease_seconds / 3):
+                try:
+                    self.heartbeat(batch_id, lease_owner)
+                except CheckpointConflictError:
+                    log.info("batch %d is no longer held by %s (its job claimed it): the job renews the lease now",
+                             batch_id, lease_owner)  # fmt: skip
+                    return
+                except Exception as err:  # noqa: BLE001 - a missed heartbeat is retried next time
+                    log.warning("could not renew the lease on handed batch %d (writer %s): %s", batch_id, lease_owner, err)
+
+        thread = threading.Thread(target=renew, name=f"hand-off-batch-{batch_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=10)
 
     def heartbeat(self, batch_id: int, owner: str) -> None:
         """Renew this writer's lease on pending batch ``batch_id``.
@@ -845,29 +899,47 @@ class DynamoDBCheckpointStore:
         return f"{self._batch_prefix(batch_id)}{kind}#{owner}#"
 
     def _write_chunks(self, batch_id: int, kind: str, owner: str, payload: Any) -> None:
+        self._put_chunks(self._prefix(batch_id, kind, owner), payload)
+
+    def _put_chunks(self, prefix: str, payload: Any, expires_at: int | None = None) -> None:
         text = json.dumps(payload, separators=(",", ":"), sort_keys=True)
         chunks = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
-        prefix = self._prefix(batch_id, kind, owner)
         for index, chunk in enumerate(chunks):
-            self.client.put_item(
-                TableName=self.table_name,
-                Item={
-                    **self._key(f"{prefix}{index:05d}"),
-                    "body": {"S": chunk},
-                    "chunks": {"N": str(len(chunks))},
-                    "written_at": {"S": _now()},
-                },
-            )
+            item = {
+                **self._key(f"{prefix}{index:05d}"),
+                "body": {"S": chunk},
+                "chunks": {"N": str(len(chunks))},
+                "written_at": {"S": _now()},
+            }
+            if expires_at is not None:
+                item[TTL_ATTRIBUTE] = {"N": str(expires_at)}
+            self.client.put_item(TableName=self.table_name, Item=item)
 
     def _read_chunks(self, batch_id: int, kind: str, owner: str) -> Any | None:
         """The payload of one chunked item set (``None``: none written); see :meth:`chunks_request`.
 
         :raises RuntimeError: when chunks are missing.
         """
+        return self._query_chunks(self._prefix(batch_id, kind, owner), f"{kind} of batch {batch_id}")
+
+    def _query_chunks(self, prefix: str, what: str) -> Any | None:
         items: list[dict[str, Any]] = []
-        for page in self.client.get_paginator("query").paginate(**self.chunks_request(batch_id, kind, owner)):
+        for page in self.client.get_paginator("query").paginate(**self._prefix_request(prefix)):
             items.extend(page.get("Items", []))
-        return join_chunks(items, f"{kind} of batch {batch_id}")
+        return join_chunks(items, what)
+
+    # -- windows (backfill) ----------------------------------------------------------------------
+
+    def write_window(self, label: str, kind: str, owner: str, payload: Any) -> None:
+        """Store a window run's ``PLAN`` or ``REPORT`` (``owner``: the run that planned it), for a
+        window job that takes its plan from the store (``core.job``). Windows never touch the head
+        or the checkpoints; these items expire after :data:`WINDOW_DAYS` days (TTL): a window is
+        re-run from its bounds, never from them."""
+        self._put_chunks(f"WINDOW#{label}#{kind}#{owner}#", payload, expires_at=int(time.time()) + WINDOW_DAYS * 86400)
+
+    def read_window(self, label: str, kind: str, owner: str) -> Any | None:
+        """What :meth:`write_window` stored (``None``: nothing)."""
+        return self._query_chunks(f"WINDOW#{label}#{kind}#{owner}#", f"{kind} of window {label}")
 
     def _expire_old_batches(self, committed_batch_id: int) -> int:
         """Mark the chunk items of every batch ``<= committed_batch_id - keep_batches`` to expire.

@@ -271,7 +271,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         :raises ValueError: naming the argument, the problem and the fix.
         """
         validate_stream_name(self.stream_name)
-        if self.uses_checkpoints:
+        if self.uses_checkpoints or self.checkpoint_table:
             validate_table_name(self.checkpoint_table)
         validate_consumer_name(self.consumer_name)
         for name in ("max_records_per_shard", "max_bytes_per_shard"):
@@ -410,7 +410,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             spark_conn_id=self.spark_conn_id, kinesis_hook=self.kinesis_hook, read_options=self.read_options,
             transform=self.transform, spark_conf=dict(self.spark_conf or {}), py_files=self.spark_py_files,
             reuse_connect_session=self.spark_connect_reuse_session, job_credentials=self.job_credentials,
-            checkpoint_hook=self.checkpoint_hook if self.uses_checkpoints else None,
+            checkpoint_hook=self.checkpoint_hook if self.checkpoint_table else None,
         )  # fmt: skip
         return SparkJob(settings, session_scope=type(self).__name__)
 
@@ -464,7 +464,13 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
     :param slice_length: the shortest slice worth a task when deriving (default 15 minutes).
     :param parallelism: Spark tasks to keep busy when deriving; default ``spark.default.parallelism``
         from ``spark_conf``, else the CPU count.
-    :param consumer_name: only names the Spark application (default ``window``).
+    :param consumer_name: only names the Spark application and the window's items in
+        ``checkpoint_table`` (default ``window``).
+    :param checkpoint_table: a DynamoDB table (templated) through which a spark-submit job takes
+        the window's plan and returns its report, so the driver may run anywhere (cluster deploy
+        mode); its items expire after 7 days and no checkpoint is read or moved. ``None``
+        (default): the plan and the report pass through files on this worker, so the driver must
+        run here (a local master or client deploy mode).
     :param allow_data_loss: read a window that starts before the trim horizon, reporting the gap;
         without it such a window fails without retry.
     :returns: (XCom) ``mode`` ``window``, ``status`` (``written`` or ``no_records``),
@@ -477,7 +483,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
 
     Other parameters are those of :class:`KinesisToSparkOperator`; its checkpoint-related ones
     (``initial_position``, ``initial_timestamp``, ``cutoff``, the caps, ``lease_seconds``) are
-    checked but have no effect here, and ``checkpoint_table`` is not accepted.
+    checked but have no effect here.
     """
 
     template_fields: Sequence[str] = (*KinesisToSparkOperator.template_fields, "window_start", "window_end")
@@ -494,9 +500,11 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         slice_length: timedelta = timedelta(minutes=15),
         parallelism: int | None = None,
         consumer_name: str = "window",
+        checkpoint_table: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(stream_name=stream_name, consumer_name=consumer_name, checkpoint_table="", output_path=output_path, **kwargs)
+        super().__init__(stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table or "",
+                         output_path=output_path, **kwargs)  # fmt: skip
         self.window_start = window_start
         self.window_end = window_end
         self.time_slices = time_slices
@@ -530,4 +538,8 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
             start=start, end=end, time_slices=self.time_slices, slice_length=self.slice_length, parallelism=parallelism,
             allow_data_loss=self.allow_data_loss, min_call_interval=self.min_call_interval,
         )  # fmt: skip
-        return run_window(self.kinesis_hook.conn, self.spark_job, settings)
+        if not self.checkpoint_table:
+            return run_window(self.kinesis_hook.conn, self.spark_job, settings)
+        store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
+        store.ensure_table()
+        return run_window(self.kinesis_hook.conn, self.spark_job, settings, store=store, owner=self._owner(context))
