@@ -89,6 +89,20 @@ def reports_for(plan: BatchPlan, checkpoints: dict[str, Checkpoint]) -> list[Sha
     return out
 
 
+def read_plan(kinesis, plan: BatchPlan) -> tuple[list[tuple], list[ShardReport]]:
+    """Read every planned range with the real reader in this process (what the Spark job does):
+    rows ``(shard_id, sequence_number, sub_sequence_number, data)`` and one report per range."""
+    from airflow_kinesis_spark.core.reader import ShardReader
+
+    rows: list[tuple] = []
+    reports: list[ShardReport] = []
+    for rng in plan.ranges:
+        records, report = ShardReader(kinesis, plan.stream_name, rng, min_call_interval=0).read_all()
+        rows += [(r.shard_id, r.sequence_number, r.sub_sequence_number, r.data) for r in records]
+        reports.append(report)
+    return rows, reports
+
+
 def run_batch_without_spark(kinesis, store, *, batch_id: int, owner: str | None = None, **plan_kwargs):
     """One batch of the protocol (plan, persist, read every range, validate, commit) with the
     reader in this process instead of Spark. Returns (plan, reports, user records)."""

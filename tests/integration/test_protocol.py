@@ -20,7 +20,7 @@ from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber
 from airflow_kinesis_spark.core.protocol import IncrementalSettings, WindowSettings, run_incremental, run_window
 from airflow_kinesis_spark.core.ranges import ShardReport
-from airflow_kinesis_spark.core.reader import ShardReader, probe_ranges
+from airflow_kinesis_spark.core.reader import probe_ranges
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import (
@@ -32,6 +32,7 @@ from airflow_kinesis_spark.exceptions import (
 )
 from demo.producer import put_aggregated, put_plain
 from tests.conftest import create_stream
+from tests.helpers import read_plan
 
 pytestmark = pytest.mark.integration
 
@@ -54,11 +55,7 @@ class ReaderJob:
         if self.fail_times:
             self.fail_times -= 1
             raise RuntimeError("the Spark job failed (injected)")
-        rows, reports = [], []
-        for rng in plan.ranges:
-            records, report = ShardReader(self.kinesis, plan.stream_name, rng, min_call_interval=0).read_all()
-            rows += [(r.shard_id, r.sequence_number, r.sub_sequence_number, r.data) for r in records]
-            reports.append(report)
+        rows, reports = read_plan(self.kinesis, plan)
         self.output[plan.output_location] = rows  # overwrite, as Spark's writer in mode overwrite
         return reports
 
