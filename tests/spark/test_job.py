@@ -230,3 +230,45 @@ def test_the_job_runs_under_spark_submit(kinesis, moto_endpoint, unique_name, tm
     table = pq.read_table(result["output_location"])
     rows = list(zip(*(table.column(c).to_pylist() for c in ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"))))
     assert verify(produced, rows).ok
+
+
+def test_the_job_takes_its_batch_from_the_store_under_spark_submit(kinesis, dynamodb, moto_endpoint, unique_name, tmp_path):
+    """The job as a cluster's job task starts it: only its arguments and the checkpoint store
+    (core.job). It claims the batch, publishes its output from staging through Hadoop's file
+    system API (on Spark 3.5 and 4) and records its report, fenced on its own writer id."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from airflow_kinesis_spark.core.job import JobArguments
+    from airflow_kinesis_spark.core.planner import BatchPlan
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
+    create_stream(kinesis, unique_name, 2)
+    produced = put_plain(kinesis, unique_name, [(f"k{i}", f"plain {i}".encode()) for i in range(50)])
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "c")
+    store.ensure_table()
+    plan = BatchPlan.from_dict(_plan(kinesis, unique_name, tmp_path))
+    store.begin(plan, "plan-task")
+    arguments = JobArguments(checkpoint_table=store.table_name, stream_name=unique_name, consumer_name="c", batch_id=1,
+                             lease_owner="plan-task", lease_seconds=30, records_expected=True, region_name=REGION)  # fmt: skip
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    env = {**os.environ, **_aws_env(moto_endpoint), "AWS_ENDPOINT_URL_DYNAMODB": moto_endpoint,
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}  # fmt: skip
+    proc = subprocess.run(
+        [str(spark_submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(ROOT / "spark_scripts" / "kinesis_batch.py"),
+         *arguments.to_args(), "--min-call-interval", "0"],
+        env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    head = store.head()
+    assert head.pending_batch_id == 1 and head.pending_report_owner.startswith("plan-task/driver-")
+    assert head.pending_heartbeat == 0  # released: the commit may claim the batch at once
+    reports = store.pending_report(head)
+    assert sum(r.records for r in reports) == 50
+    table = pq.read_table(plan.output_location)
+    rows = list(zip(*(table.column(c).to_pylist() for c in ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"))))
+    assert verify(produced, rows).ok
+    assert not (tmp_path / "_staging").exists()  # published by a rename; the emptied _staging folder removed
