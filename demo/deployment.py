@@ -197,6 +197,20 @@ class AirflowDeployment:
         with urllib.request.urlopen(f"{self.api_url}/api/v2/monitor/health", timeout=10) as response:
             return json.loads(response.read())
 
+    def api(self, path: str) -> Any:
+        """GET ``/api/v2/{path}`` of the API server as the simple auth manager's ``admin`` (its
+        password from the file the API server generated in ``AIRFLOW_HOME``); the JSON response."""
+        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
+        login = urllib.request.Request(
+            f"{self.api_url}/auth/token", data=json.dumps({"username": "admin", "password": passwords["admin"]}).encode(),
+            headers={"Content-Type": "application/json"}, method="POST",
+        )  # fmt: skip
+        with urllib.request.urlopen(login, timeout=30) as response:
+            token = json.loads(response.read())["access_token"]
+        request = urllib.request.Request(f"{self.api_url}/api/v2/{path.lstrip('/')}", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
     def check_running(self) -> None:
         """:raises RuntimeError: a component exited (with its log's tail)."""
         for name, proc in self.processes.items():

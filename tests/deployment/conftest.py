@@ -16,20 +16,25 @@ import pytest
 
 from demo.deployment import AirflowDeployment, airflow_deployment, postgres_bin_dir, postgres_server
 from tests.conftest import ROOT, aws_connection
+from tests.deployment.job_gate import GATE_ENV
 
 #: The example DAGs the deployment runs (kinesis_backfill.py is left out: nothing here unpauses it).
 DAG_FILES = ("kinesis_microbatch.py", "kinesis_sensors.py", "kinesis_event_driven.py", "kinesis_asset_downstream.py")
+#: This package's own DAG files the deployment runs too (the deferred batch and the slot probe).
+TEST_DAG_FILES = ("dag_deferred_batch.py",)
 
 def copy_example_dags(target: Path) -> list[str]:
-    """Copy the example DAG files the deployment runs into ``target``; returns the names copied.
+    """Copy the example DAG files the deployment runs, and this package's, into ``target``;
+    returns the names copied.
 
     A copy, so that edits to dags/ while the deployment runs do not reach it.
     """
     target.mkdir(parents=True, exist_ok=True)
     copied = []
-    for name in DAG_FILES:
-        (target / name).write_text((ROOT / "dags" / name).read_text())
-        copied.append(name)
+    sources = [ROOT / "dags" / name for name in DAG_FILES] + [Path(__file__).parent / name for name in TEST_DAG_FILES]
+    for source in sources:
+        (target / source.name).write_text(source.read_text())
+        copied.append(source.name)
     return copied
 
 
@@ -44,8 +49,10 @@ def postgres_url(tmp_path_factory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def deployment_settings(tmp_path_factory) -> dict[str, str]:
-    """The example DAGs' settings, in the environment of every component: one stream; the
-    scheduled DAGs share a consumer and output root, the event-driven DAG has its own."""
+    """The DAGs' settings, in the environment of every component: one stream for the example
+    DAGs; the scheduled DAGs share a consumer and output root, the event-driven DAG has its own.
+    The deferred batch (``dag_deferred_batch.py``) has a stream, consumer, output root and pool of
+    its own, and its job's gate file (``job_gate``)."""
     data = tmp_path_factory.mktemp("deployment_data")
     stream = f"deploy{uuid.uuid4().hex[:10]}"
     return {
@@ -60,6 +67,11 @@ def deployment_settings(tmp_path_factory) -> dict[str, str]:
         "KINESIS_BACKLOG_MIN_RECORDS": "300",
         "KINESIS_BACKLOG_MIN_AGE_SECONDS": "",  # the count alone decides
         "KINESIS_BACKLOG_POLL_SECONDS": "5",
+        "KINESIS_DEFERRED_STREAM": f"{stream}deferred",
+        "KINESIS_DEFERRED_CONSUMER": "deferred",
+        "KINESIS_DEFERRED_OUTPUT_PATH": str(data / "deferred"),
+        "KINESIS_DEFERRED_POOL": "kinesis_deferred_slot",
+        GATE_ENV: str(data / "job_gate"),
     }
 
 

@@ -13,13 +13,19 @@ One scenario, shared by the tests below (run once, at the first test):
    event.
 4. The committed Parquet output of both consumers is read back and checked against the
    producer's log.
+
+Then, on the same deployment, one deferred batch (``dag_deferred_batch.py``, fixture
+``deferred``): ``KinesisToSparkOperator(deferrable=True)`` on a local master in a pool of one
+slot hands its batch to a detached Spark driver and defers; while the job runs (held at a gate
+until the test has looked), the pool shows the slot free and a probe task in the same pool runs
+and finishes; then the job records its report, the trigger fires and the task resumes and commits.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,14 +37,20 @@ from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from demo.deployment import AirflowDeployment
 from demo.producer import Produced, committed_rows, put_aggregated, put_plain, verify
 from demo.run_demo import log_lines
-from tests.conftest import create_stream, make_client
+from tests.conftest import TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream, make_client
+from tests.deployment.job_gate import GATE_ENV, reached_marker
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.dags, pytest.mark.spark, pytest.mark.timeout(900)]
 
 SENSORS, MICROBATCH, EVENT_DRIVEN, DOWNSTREAM = "kinesis_sensors", "kinesis_microbatch", "kinesis_event_driven", "kinesis_asset_downstream"
 DAGS = [SENSORS, MICROBATCH, EVENT_DRIVEN, DOWNSTREAM]
+#: The deferred batch's DAGs (tests/deployment/dag_deferred_batch.py), run after the scenario.
+DEFERRED, PROBE = "kinesis_deferred_batch", "kinesis_slot_probe"
+DEFERRED_TASK, PROBE_TASK = "ingest_deferred", "use_the_slot"
+DEFERRED_DAGS = [DEFERRED, PROBE]
 #: The task of each DAG whose XCom is a batch summary (or, downstream, the batches it followed).
-SUMMARY_TASK = {MICROBATCH: "ingest_access_log", SENSORS: "ingest", EVENT_DRIVEN: "ingest_backlog", DOWNSTREAM: "new_batches"}
+SUMMARY_TASK = {MICROBATCH: "ingest_access_log", SENSORS: "ingest", EVENT_DRIVEN: "ingest_backlog", DOWNSTREAM: "new_batches",
+                DEFERRED: DEFERRED_TASK, PROBE: PROBE_TASK}
 LAG_SENSOR_TASK = "wait_for_backlog"
 FAILED_STATES = ["failed", "up_for_retry", "upstream_failed"]
 #: Polls of the backlog trigger seen without records before any are put.
@@ -74,13 +86,14 @@ class Scenario:
         return head, committed_rows(Path(output), head, with_batch_id=True)
 
 
-def wait_for(deployment: AirflowDeployment, what: str, check: Callable[[], T | None], timeout: float) -> T:
-    """Poll ``check`` until it returns a truthy value; fail at once when a component exits or a task fails."""
+def wait_for(deployment: AirflowDeployment, what: str, check: Callable[[], T | None], timeout: float, dags: list[str] = DAGS) -> T:
+    """Poll ``check`` until it returns a truthy value; fail at once when a component exits or a
+    task of ``dags`` fails."""
     deadline = time.monotonic() + timeout
     while True:
         deployment.check_running()
         failed = deployment.query(
-            "SELECT dag_id, run_id, task_id, state FROM task_instance WHERE dag_id = ANY(%s) AND state = ANY(%s)", (DAGS, FAILED_STATES)
+            "SELECT dag_id, run_id, task_id, state FROM task_instance WHERE dag_id = ANY(%s) AND state = ANY(%s)", (dags, FAILED_STATES)
         )
         assert not failed, f"task instances failed while waiting for {what}: {failed}\n{deployment.diagnostics()}"
         result = check()
@@ -302,3 +315,228 @@ def test_downstream_dag_runs_on_every_batch_asset_event(scenario: Scenario):
     followed = {r["run_id"]: r["summary"] for r in scenario.runs[DOWNSTREAM]}
     seen_batches = {b["batch_id"] for e in events for b in followed[e["downstream_run_id"]]["batches"]}
     assert seen_batches == with_records
+
+
+# -- The deferred batch (dag_deferred_batch.py), after the scenario above ------------------------
+
+#: Records put on the deferred batch's own stream (half plain, half KPL-aggregated), on 2 shards.
+DEFERRED_PUT = 200
+REPORT_TRIGGER = "airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger"
+
+
+@dataclass
+class DeferredScenario:
+    """What the deferred batch did and what the deployment showed meanwhile."""
+
+    settings: dict[str, str]
+    produced: list[Produced] = field(default_factory=list)
+    deferred_to: str | None = None
+    #: The process that ran the task until it deferred (``task_instance.pid``).
+    task_pid: int | None = None
+    #: The Spark driver's process (written by the job at the gate).
+    driver_pid: int | None = None
+    #: The checkpoint store's head while the job waits at its gate.
+    head_at_gate: Any = None
+    #: The Spark driver's environment (``/proc/{pid}/environ``) while it waits at its gate.
+    driver_env: dict[str, str] = field(default_factory=dict)
+    #: ``GET /api/v2/pools/{pool}`` while the batch is deferred, before the probe.
+    pool_while_deferred: dict[str, Any] = field(default_factory=dict)
+    #: The probe's task instance once it succeeded (state, pool, start and end).
+    probe: dict[str, Any] = field(default_factory=dict)
+    #: Taken right after the probe succeeded, the gate still closed.
+    after_probe: dict[str, Any] = field(default_factory=dict)
+    #: The batch's task instance at the end.
+    ti: dict[str, Any] = field(default_factory=dict)
+    run_state: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    committed_batch_id: int = 0
+    rows: list[tuple] = field(default_factory=list)
+    asset_events: list[dict[str, Any]] = field(default_factory=list)
+    #: The task's log (both executions) and the trigger's (its own file, and the triggerer's log).
+    task_log: str = ""
+    trigger_log: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def task_instance(deployment: AirflowDeployment, dag_id: str, task_id: str) -> dict[str, Any]:
+    """The latest task instance of a task ({} when there is none)."""
+    rows = deployment.query(
+        "SELECT state, pool, try_number, pid, start_date, end_date, next_method FROM task_instance "
+        "WHERE dag_id = %s AND task_id = %s ORDER BY start_date DESC NULLS LAST",
+        (dag_id, task_id),
+    )
+    keys = ("state", "pool", "try_number", "pid", "start_date", "end_date", "next_method")
+    return dict(zip(keys, rows[0], strict=True)) if rows else {}
+
+
+def process_alive(pid: int | None) -> bool:
+    import psutil
+
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def process_environment(pid: int) -> dict[str, str]:
+    """A process's environment as it started (Linux ``/proc/{pid}/environ``)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in raw.split(b"\0") if entry)
+
+
+@pytest.fixture(scope="module")
+def deferred(deployment: AirflowDeployment, deployment_settings, moto_endpoint) -> Iterator[DeferredScenario]:
+    """One ``KinesisToSparkOperator(deferrable=True)`` batch on a local master, in a pool of one slot:
+
+    1. Records are put on the batch's own stream; the pool gets one slot; the batch is triggered.
+    2. The task hands the batch to a detached spark-submit and defers; the job reads and waits at
+       its gate (``job_gate``) holding the batch's lease. Meanwhile the pool's slots are read
+       through the API, and the probe DAG, whose task needs the pool's only slot, runs.
+    3. The gate opens: the job writes and records its report, the trigger fires, the task resumes
+       and commits.
+
+    Its tests come last in this module, so it runs after the scenario above (on the same
+    deployment), but it does not depend on it.
+    """
+    started = time.monotonic()
+    settings = deployment_settings
+    seen = DeferredScenario(settings=settings)
+    gate = Path(settings[GATE_ENV])
+    stream, pool = settings["KINESIS_DEFERRED_STREAM"], settings["KINESIS_DEFERRED_POOL"]
+    dynamodb = make_client("dynamodb", moto_endpoint)
+    store = DynamoDBCheckpointStore(dynamodb, settings["KINESIS_CHECKPOINT_TABLE"], stream, settings["KINESIS_DEFERRED_CONSUMER"])
+
+    def mark(name: str) -> None:
+        seen.seconds[name] = round(time.monotonic() - started, 1)
+
+    def wait(what: str, check: Callable[[], T | None], timeout: float = 300) -> T:
+        return wait_for(deployment, what, check, timeout, dags=DEFERRED_DAGS)
+
+    try:
+        wait("the DAG processor to parse the deferred batch's DAGs",
+             lambda: len(deployment.query("SELECT dag_id FROM dag WHERE dag_id = ANY(%s) AND NOT is_stale", (DEFERRED_DAGS,))) == 2)
+        kinesis = make_client("kinesis", moto_endpoint)
+        create_stream(kinesis, stream, 2)
+        seen.produced = put_lines(kinesis, stream, log_lines()[:DEFERRED_PUT])
+        time.sleep(0.05)  # arrival timestamps have millisecond precision: plan strictly after the puts
+        deployment.cli("pools", "set", pool, "1", "one slot: the deferred batch and the probe")
+        deployment.cli("dags", "trigger", DEFERRED)  # its DAGs are not paused at creation
+        mark("triggered")
+
+        def deferred_state() -> str | None:
+            state, classpath = ti_state(deployment, DEFERRED, DEFERRED_TASK)
+            return classpath if state == "deferred" else None
+
+        seen.deferred_to = wait(f"{DEFERRED_TASK} to defer", deferred_state)
+        seen.task_pid = task_instance(deployment, DEFERRED, DEFERRED_TASK)["pid"]
+        mark("deferred")
+        marker = reached_marker(gate)
+        seen.driver_pid = int(wait("the deferred batch's Spark job to reach its gate", lambda: marker.exists() and marker.read_text()))
+        seen.head_at_gate = store.head()
+        seen.driver_env = process_environment(seen.driver_pid)
+        mark("job_at_gate")
+        seen.pool_while_deferred = deployment.api(f"pools/{pool}")
+
+        deployment.cli("dags", "trigger", PROBE)
+
+        def probed() -> dict[str, Any] | None:
+            probe = task_instance(deployment, PROBE, PROBE_TASK)
+            return probe if probe.get("state") == "success" else None
+
+        seen.probe = wait(f"{PROBE_TASK} to run in the pool's slot", probed)
+        seen.after_probe = {
+            "batch_state": ti_state(deployment, DEFERRED, DEFERRED_TASK)[0],
+            "head": store.head(),
+            "gate_open": gate.exists(),
+            "driver_alive": process_alive(seen.driver_pid),
+            "task_process_alive": process_alive(seen.task_pid),
+        }
+        mark("probe_done")
+
+        gate.touch()
+
+        def batch_done() -> str | None:
+            rows = deployment.query("SELECT state FROM dag_run WHERE dag_id = %s ORDER BY id", (DEFERRED,))
+            return rows[-1][0] if rows and rows[-1][0] in ("success", "failed") else None
+
+        seen.run_state = wait(f"the {DEFERRED} run to end", batch_done)
+        mark("committed")
+        seen.ti = task_instance(deployment, DEFERRED, DEFERRED_TASK)
+        seen.summary = dag_runs(deployment, DEFERRED)[-1]["summary"] or {}
+        seen.committed_batch_id = store.head().committed_batch_id
+        seen.rows = committed_rows(Path(settings["KINESIS_DEFERRED_OUTPUT_PATH"]), seen.committed_batch_id)
+        seen.asset_events = [
+            {"source_run_id": r[0], "extra": xcom_value(r[1]) or {}}
+            for r in deployment.query("SELECT source_run_id, extra FROM asset_event WHERE source_dag_id = %s ORDER BY id", (DEFERRED,))
+        ]
+        logs = sorted(p for p in (deployment.home / "logs").glob(f"dag_id={DEFERRED}/**/*") if p.is_file())
+        seen.task_log = "\n".join(p.read_text(errors="replace") for p in logs if ".trigger" not in p.name)
+        seen.trigger_log = "\n".join(p.read_text(errors="replace") for p in logs if ".trigger" in p.name)
+        seen.trigger_log += (deployment.log_dir / "triggerer.log").read_text(errors="replace")
+        print(f"deferred batch timings (s): {json.dumps(seen.seconds)}")
+        yield seen
+    finally:
+        gate.touch()  # never leave a job waiting at its gate
+
+
+def test_deferred_batch_waits_in_the_triggerer_while_its_job_runs_outside_the_worker(deferred: DeferredScenario):
+    assert deferred.deferred_to == REPORT_TRIGGER
+    batch_id = deferred.summary["batch_id"]
+    head = deferred.head_at_gate
+    # The job claimed the handed batch under a writer id of its own and holds its lease; no report yet.
+    assert head.pending_batch_id == batch_id and head.committed_batch_id == batch_id - 1, head
+    assert "/driver-" in (head.pending_owner or "") and not head.pending_report_owner, head
+    # The task's process exited when it deferred; the driver, a process of its own, went on.
+    assert deferred.task_pid is not None and deferred.driver_pid is not None
+    assert not deferred.after_probe["task_process_alive"] and deferred.after_probe["driver_alive"], deferred.after_probe
+    assert "handed to its Spark job (local driver, process" in deferred.task_log
+    # The detached driver got none of the worker's Airflow variables (connections with their
+    # secrets, configuration), and temporary credentials instead of the connection's keys.
+    env = deferred.driver_env
+    assert env and not [k for k in env if k.startswith(("AIRFLOW_", "_AIRFLOW"))], sorted(env)
+    assert not [k for k, v in env.items() if TEST_SECRET_KEY in v], "the connection's secret reached the Spark driver"
+    assert env.get("AWS_SESSION_TOKEN") and env.get("AWS_ACCESS_KEY_ID") not in (None, TEST_ACCESS_KEY)
+
+
+def test_deferred_batch_frees_its_worker_slot(deferred: DeferredScenario):
+    pool = deferred.pool_while_deferred
+    assert pool["slots"] == 1 and pool["include_deferred"] is False, pool
+    assert pool["deferred_slots"] == 1, pool
+    assert pool["running_slots"] == pool["queued_slots"] == pool["occupied_slots"] == 0 and pool["open_slots"] == 1, pool
+    # The probe needs the pool's only slot: it ran and finished while the batch stayed deferred,
+    # its job still at the gate (no report recorded).
+    assert deferred.probe["state"] == "success" and deferred.probe["pool"] == deferred.settings["KINESIS_DEFERRED_POOL"]
+    after = deferred.after_probe
+    assert after["batch_state"] == "deferred" and not after["gate_open"], after
+    assert after["head"].pending_batch_id == deferred.summary["batch_id"] and not after["head"].pending_report_owner, after
+
+
+def test_deferred_batch_resumes_and_commits_its_records_exactly_once(deferred: DeferredScenario):
+    assert deferred.run_state == "success" and deferred.ti["state"] == "success", deferred.ti
+    assert deferred.ti["pool"] == deferred.settings["KINESIS_DEFERRED_POOL"] and deferred.ti["try_number"] == 1, deferred.ti
+    summary = deferred.summary
+    assert summary["status"] == "committed" and summary["batch_id"] == deferred.committed_batch_id
+    assert summary["records"] == len(deferred.rows) == len(deferred.produced) == DEFERRED_PUT
+    verdict = verify(deferred.produced, deferred.rows)
+    assert verdict.ok, verdict
+    assert verdict.records_out == verdict.records_in and verdict.duplicates == 0 and verdict.missing == 0
+    batch_id = summary["batch_id"]
+    # The trigger fired on the recorded report; the task ran again (same try) and committed.
+    assert f"batch {batch_id}: report recorded by" in deferred.trigger_log
+    log = deferred.task_log
+    assert 0 <= log.find("deferring until its report is recorded") < log.find(f"Batch {batch_id} committed: {DEFERRED_PUT} records"), log[-3000:]
+    assert [e["extra"].get("batch_id") for e in deferred.asset_events] == [batch_id], deferred.asset_events
+    assert deferred.asset_events[0]["extra"]["records"] == DEFERRED_PUT
+
+
+def test_deferred_batch_summary_has_the_blocking_paths_shape(deferred: DeferredScenario, scenario: Scenario):
+    blocking = next(r["summary"] for r in scenario.runs[MICROBATCH] if r["summary"] and r["summary"]["records"] > 0)
+    summary = deferred.summary
+    assert set(summary) == set(blocking), (sorted(set(summary) ^ set(blocking)))
+    assert summary["stream_name"] == deferred.settings["KINESIS_DEFERRED_STREAM"]
+    assert summary["consumer_name"] == deferred.settings["KINESIS_DEFERRED_CONSUMER"]
+    assert summary["reused_plan"] is False and summary["bytes"] > 0
+    assert summary["output_path"].endswith(f"batch_id={summary['batch_id']}")
+    shards, blocking_shards = summary["shards"], blocking["shards"]
+    assert len(shards) == 2 and sum(s["records"] for s in shards.values()) == summary["records"]
+    assert {key for s in shards.values() for key in s} == {key for s in blocking_shards.values() for key in s}
