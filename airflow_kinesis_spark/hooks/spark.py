@@ -256,7 +256,8 @@ class SparkSubmitJob:
         * A local master (development): spark-submit starts as a detached process on this
           machine (its own session and working directory, output in ``spark-submit.log`` there,
           none of this worker's ``AIRFLOW_*`` variables); it outlives this task, as a cluster's
-          driver would.
+          driver would. The directory is removed when the job succeeds
+          (:mod:`airflow_kinesis_spark.detached`) and kept, with its log, when it fails.
 
         :returns: where the driver runs, for the log.
         :raises ValueError: any other master or deploy mode (the driver would run in this worker).
@@ -277,10 +278,12 @@ class SparkSubmitJob:
             env = {k: v for k, v in {**os.environ, **(hook._env or {})}.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
             env["TMPDIR"] = tmp
             log_path = os.path.join(tmp, "spark-submit.log")
+            # airflow_kinesis_spark.detached removes the directory when the job succeeds (keeps its log otherwise).
+            command = [sys.executable, "-m", "airflow_kinesis_spark.detached", tmp, "--", *command]
             with open(log_path, "wb") as out:
                 process = subprocess.Popen(command, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out,
                                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-            return f"local driver, process {process.pid}, log {log_path}"
+            return f"local driver, process {process.pid}, log {log_path} (removed with its directory if the job succeeds)"
         if deploy_mode == "cluster" and (hook._is_yarn or hook._is_kubernetes):
             key = f"spark.{'yarn' if hook._is_yarn else 'kubernetes'}.submission.waitAppCompletion"
             hook._conf = {**(hook._conf or {}), key: "false"}

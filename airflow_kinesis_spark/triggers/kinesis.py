@@ -369,5 +369,5 @@ class KinesisBatchReportTrigger(_ConsumerTrigger):
             self.log.info("batch %d of %s/%s: job running (holder %s)", self.batch_id, self.stream_name, self.consumer_name,
                           head.pending_owner)  # fmt: skip
             return None
-        self.log.info("batch %d: %s", self.batch_id, state["message"])
+        self.log.info("%s", state["message"])
         return {**state, "batch_id": self.batch_id, "lease_owner": self.lease_owner}
