@@ -203,7 +203,11 @@ class KinesisRetentionGuardSensor(_ConsumerSensor):
     Succeeds at once when every shard's oldest unconsumed record is younger than the stream's
     retention period (``RetentionPeriodHours``) minus ``margin``; otherwise fails without retry
     (or is skipped with ``soft_fail=True``), naming the shards and the time left. It evaluates
-    once; in deferrable mode that evaluation runs in the triggerer.
+    once, in the worker, also with ``deferrable=True``: deferring one evaluation would only add a
+    trip through the triggerer, and a task whose trigger fires at once can meet a scheduler race
+    (Airflow 3.3: the executor reports the deferring task finished while it is already queued
+    again, and the task fails). ``KinesisRetentionTrigger`` evaluates the same rule for DAGs that
+    want it in the triggerer.
 
     .. seealso:: docs/sensors.md
 
@@ -212,7 +216,7 @@ class KinesisRetentionGuardSensor(_ConsumerSensor):
     :raises AirflowFailException: a shard is at risk (``AirflowSkipException`` with ``soft_fail``).
     """
 
-    poke_before_deferring = False  # one evaluation: in deferrable mode it runs in the triggerer
+    poke_before_deferring = True  # one evaluation, always done: it never defers
 
     def __init__(self, *, margin: timedelta = timedelta(hours=1), initial_position: str = "TRIM_HORIZON", **kwargs: Any) -> None:
         super().__init__(**kwargs)
