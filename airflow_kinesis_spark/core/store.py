@@ -532,7 +532,8 @@ class DynamoDBCheckpointStore:
         * by ``lease_owner`` itself (it handed the batch over; its lease need not have expired),
         * by ``writer`` already (a retried request), or
         * by another writer of ``lease_owner`` whose lease expired (a driver that died) or was
-          released (:meth:`release`: a driver that finished).
+          released (:meth:`release`: a driver that finished), or, unless ``before_report``, that
+          recorded the batch's report already (it is done; its release may not have landed yet).
 
         Every earlier writer is fenced off from then on: its heartbeat, report and commit are refused.
 
@@ -549,14 +550,19 @@ class DynamoDBCheckpointStore:
         if writer != lease_owner and not writer.startswith(lease_owner + "/"):
             raise ValueError(f"writer {writer!r} must be {lease_owner!r} or start with {lease_owner + '/'!r}")
         head = self.head()
-        if head.pending_batch_id == batch_id and head.pending_owner not in (lease_owner, writer):
+        # A writer that recorded the report is done with the batch even before it releases its
+        # lease (the commit may claim it at once: no race with the release).
+        reported = not before_report and head.pending_report_owner is not None and head.pending_report_owner == head.pending_owner
+        if head.pending_batch_id == batch_id and head.pending_owner not in (lease_owner, writer) and not reported:
             if (head.pending_owner or "").startswith(lease_owner + "/"):
                 self._raise_if_leased(head, batch_id, writer, lease_seconds)
         self._update_head(
             "SET pending_owner = :w, pending_since = :t, pending_heartbeat = :hb",
             ("attribute_not_exists(pending_report_owner) AND " if before_report else "")
             + "pending_batch_id = :n AND (pending_owner = :lo OR pending_owner = :w OR (begins_with(pending_owner, :lop) "
-            "AND (attribute_not_exists(pending_heartbeat) OR pending_heartbeat < :stale)))",
+            "AND (attribute_not_exists(pending_heartbeat) OR pending_heartbeat < :stale"
+            + ("" if before_report else " OR pending_report_owner = pending_owner")
+            + ")))",
             {":n": {"N": str(batch_id)}, ":w": {"S": writer}, ":lo": {"S": lease_owner}, ":lop": {"S": lease_owner + "/"},
              ":t": {"S": _now()}, ":hb": {"N": str(_now_ms())}, ":stale": {"N": str(_now_ms() - int(lease_seconds * 1000))}},
             action=f"claim pending batch {batch_id} for {lease_owner}{' before its report is recorded' if before_report else ''}",

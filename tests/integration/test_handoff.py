@@ -37,6 +37,7 @@ from airflow_kinesis_spark.core.job import (
     writer_id,
 )
 from airflow_kinesis_spark.core.planner import BatchPlan
+from airflow_kinesis_spark.core.reader import probe_ranges
 from airflow_kinesis_spark.core.protocol import (
     IncrementalSettings,
     commit_handed,
@@ -530,6 +531,23 @@ def test_commit_handed_needs_the_report_and_is_idempotent(kinesis, dynamodb, sto
     assert late.outcomes[0]["status"] == "already_committed" and not late.written and not late.published
     assert row_keys(read_rows(plan.output_location)) == produced_keys(produced)
     assert os.listdir(root) == ["batch_id=1"]
+
+
+def test_the_commit_claims_a_reported_batch_before_its_driver_released_the_lease(kinesis, dynamodb, store, unique_name, tmp_path):
+    """Between a driver's record_report and its release, the batch is done: the commit (a
+    deferred task the trigger woke on "reported") claims it at once instead of failing with
+    BatchLeaseHeldError; a second driver still cannot re-run it."""
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [(f"k{i}", f"r{i}".encode()) for i in range(5)])
+    plan, args = handed(kinesis, store, unique_name, tmp_path / "out")
+    driver = "run-1/driver-live"
+    store.claim(plan.batch_id, "run-1", driver, LONG_LEASE, before_report=True)
+    reports = probe_ranges(kinesis, unique_name, plan.ranges, min_call_interval=0)
+    store.record_report(plan.batch_id, driver, reports)  # recorded, lease still live (no release yet)
+    with pytest.raises((BatchLeaseHeldError, CheckpointConflictError)):  # a driver never re-runs a reported batch
+        store.claim(plan.batch_id, "run-1", "run-1/driver-second", LONG_LEASE, before_report=True)
+    summary = commit_handed(store, plan.batch_id, "run-1", LONG_LEASE)
+    assert summary["status"] == "committed" and summary["records"] == sum(r.records for r in reports)
 
 
 # -- unit level: the arguments and the staging location ------------------------------------------
