@@ -440,8 +440,8 @@ def discard_pending(
 PACKAGE_EPILOG = """\b
 Examples:
   # the job and its code, then to S3 for an EMR / Glue / Databricks job task
-  kinesis-spark package build/kinesis-spark-job --json > build/job.json
-  aws s3 cp build/job s3://my-bucket/kinesis-spark/ --recursive
+  kinesis-spark package build/kinesis-spark-job --json > build/kinesis-spark-job.json
+  aws s3 cp build/kinesis-spark-job s3://my-bucket/kinesis-spark/0.1.0/ --recursive
 """
 
 
@@ -451,8 +451,8 @@ Examples:
 def package(directory: str, as_json: bool) -> None:
     """Write kinesis_batch.py (the Spark job) and airflow_kinesis_spark_core.zip (its Airflow-free
     code, for --py-files) into DIRECTORY, to upload where the job task's Spark reads them (S3 for
-    EMR, Glue and Databricks). The cluster's Python also needs boto3 and aws-kinesis-agg
-    (docs/platforms.md)."""
+    EMR, Glue and Databricks). The cluster's Python also needs the job's own dependencies:
+    boto3, aws-kinesis-agg, protobuf and pyarrow (docs/platforms.md)."""
     import shutil
 
     from airflow_kinesis_spark.hooks.spark import core_zip, spark_script_path

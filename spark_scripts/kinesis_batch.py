@@ -92,7 +92,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--read-bytes-per-second", type=float, default=defaults.read_bytes_per_second,
                         help="per-shard read budget the readers pace themselves to (0: no pacing)")
     parser.add_argument("--read-tasks", type=int, default=0, help="Spark tasks reading the ranges (0: default parallelism)")
-    args = parser.parse_args(argv)
+    # Managed platforms add arguments of their own (Glue: --JOB_NAME, --JOB_RUN_ID, ...): ignored, logged.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        log.warning("ignoring arguments this job does not take (added by the platform?): %s", unknown)
     if args.plan_file is None and args.checkpoint_table is None:
         parser.error("give the handed batch (--checkpoint-table, --stream, --consumer, --batch-id, --lease-owner) "
                      "or --plan-file and --report-file")  # fmt: skip

@@ -121,8 +121,9 @@ class JobArguments:
         parser.add_argument("--batch-id", type=int, required=True, help="the pending batch to run")
         parser.add_argument("--lease-owner", required=True, help="the writer id that handed the batch over")
         parser.add_argument("--lease-seconds", type=float, default=120.0, help="the batch's lease (seconds)")
-        parser.add_argument("--records-expected", action="store_true",
-                            help="the planning run saw a user record: read and write in one pass")  # fmt: skip
+        parser.add_argument("--records-expected", nargs="?", const=True, default=False, type=_flag, metavar="true|false",
+                            help="the planning run saw a user record: read and write in one pass (a bare flag, or a value "
+                                 "for platforms that pass arguments as name/value pairs)")  # fmt: skip
         parser.add_argument("--region", default=None, help="the checkpoint table's AWS region (default: the environment's)")
         parser.add_argument("--window", default=None, help="a window run's label: its plan and report are the window's")
 
@@ -137,6 +138,16 @@ class JobArguments:
             lease_owner=ns.lease_owner, lease_seconds=ns.lease_seconds, records_expected=ns.records_expected,
             region_name=ns.region, window=ns.window,
         )  # fmt: skip
+
+
+def _flag(value: str) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``) as a bool, for ``--records-expected``."""
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
 def writer_id(lease_owner: str, role: str) -> str:

@@ -267,6 +267,7 @@ class SparkSubmitJob:
 
         from airflow_kinesis_spark.die_with_parent import SCRUBBED_ENV_PREFIXES
 
+        self.check_detachable()
         tmp = tempfile.mkdtemp(prefix=f"kinesis-batch-{arguments.batch_id}-")
         args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
         hook = self._build_hook(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
@@ -293,6 +294,25 @@ class SparkSubmitJob:
                 raise RuntimeError(f"Submitting the Spark job of batch {arguments.batch_id} failed: {err} "
                                    f"(spark connection {self.settings.spark_conn_id!r})") from err  # fmt: skip
             return f"{master}, cluster deploy mode"
+        raise ValueError(
+            f"deferrable=True needs a Spark driver that does not run in this worker, but spark connection "
+            f"{self.settings.spark_conn_id!r} has master {master!r} and deploy mode {deploy_mode!r}. Use cluster deploy "
+            "mode on YARN or Kubernetes (connection extra 'deploy-mode': 'cluster'), a local master for development, "
+            "or deferrable=False."
+        )
+
+    def check_detachable(self) -> None:
+        """Check that :meth:`submit_detached` can start the job away from this worker.
+
+        :raises ValueError: the connection's master and deploy mode would run the driver here.
+        """
+        from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
+
+        hook = BatchSparkSubmitHook(conn_id=self.settings.spark_conn_id)
+        master = str(hook._connection.get("master") or "")
+        deploy_mode = hook._connection.get("deploy_mode")
+        if master.startswith("local") or (deploy_mode == "cluster" and (hook._is_yarn or hook._is_kubernetes)):
+            return
         raise ValueError(
             f"deferrable=True needs a Spark driver that does not run in this worker, but spark connection "
             f"{self.settings.spark_conn_id!r} has master {master!r} and deploy mode {deploy_mode!r}. Use cluster deploy "
@@ -628,16 +648,22 @@ class SparkJob:
     def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
         return self._runner().run(plan, records_expected=records_expected)
 
-    def submit_detached(self, arguments: JobArguments, *, output_location: str | None = None) -> str:
-        """:meth:`SparkSubmitJob.submit_detached`.
+    def check_detachable(self) -> None:
+        """:meth:`SparkSubmitJob.check_detachable`.
 
-        :raises ValueError: the connection is a Spark Connect one (its job runs in this process).
+        :raises ValueError: the connection is a Spark Connect one (its job runs in this process),
+            or its driver would run in this worker.
         """
         runner = self._runner()
         if not isinstance(runner, SparkSubmitJob):
             raise ValueError(f"deferrable=True does not apply to spark_connect connection {self.settings.spark_conn_id!r}: "
                              "the job runs in this worker's process; use deferrable=False")  # fmt: skip
-        return runner.submit_detached(arguments, output_location=output_location)
+        runner.check_detachable()
+
+    def submit_detached(self, arguments: JobArguments, *, output_location: str | None = None) -> str:
+        """:meth:`SparkSubmitJob.submit_detached` (:raises ValueError: as :meth:`check_detachable`)."""
+        self.check_detachable()
+        return self.runner.submit_detached(arguments, output_location=output_location)  # type: ignore[union-attr]
 
     def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
         runner = self._runner()

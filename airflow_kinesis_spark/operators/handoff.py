@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.protocol import commit_handed
 from airflow_kinesis_spark.exceptions import (
-    BatchLeaseHeldError,
     CheckpointConflictError,
     ReportNotRecordedError,
     ReportValidationError,
@@ -24,14 +23,13 @@ def commit_or_raise(store: Any, batch_id: int, lease_owner: str, lease_seconds: 
 
     :raises AirflowFailException: (no retry) another run took the batch over or moved on, or the
         recorded report does not match the plan.
-    :raises AirflowException: (retryable) no report recorded yet, or a driver still holds the lease.
+    :raises ReportNotRecordedError: (retryable) no report recorded yet.
+    :raises BatchLeaseHeldError: (retryable) a driver of the batch still holds its lease.
     """
     try:
         return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused)
     except (CheckpointConflictError, ReportValidationError) as err:
         raise AirflowFailException(str(err)) from err
-    except (ReportNotRecordedError, BatchLeaseHeldError) as err:
-        raise AirflowException(str(err)) from err
 
 
 def commit_event(store: Any, event: dict[str, Any], lease_seconds: float, *, reused: bool = False) -> dict[str, Any]:
@@ -40,7 +38,8 @@ def commit_event(store: Any, event: dict[str, Any], lease_seconds: float, *, reu
     :param event: the trigger's payload (``status``, ``message``, ``batch_id``, ``lease_owner``).
     :returns: the batch summary (``reported`` and ``committed``).
     :raises AirflowFailException: ``taken_over`` or ``not_pending`` (another run moved on; no retry).
-    :raises AirflowException: ``no_report`` or ``error`` (retryable).
+    :raises ReportNotRecordedError: ``no_report`` (retryable: the plan stays pending).
+    :raises RuntimeError: ``error``: the trigger could not read the store (retryable).
     """
     status = event.get("status")
     if status in ("reported", "committed"):
@@ -48,4 +47,6 @@ def commit_event(store: Any, event: dict[str, Any], lease_seconds: float, *, reu
     message = event.get("message") or status
     if status in ("taken_over", "not_pending"):
         raise AirflowFailException(f"{message}: another run of this consumer moved on. This run's output is not committed.")
-    raise AirflowException(f"{message}. {AFTER}")
+    if status == "no_report":
+        raise ReportNotRecordedError(f"{message}. {AFTER}", batch_id=event.get("batch_id"))
+    raise RuntimeError(f"Waiting for the batch's report failed: {message}. {AFTER}")

@@ -336,6 +336,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         owner = self._owner(context)
         if not self.deferrable:
             return run_incremental(self.kinesis_hook.conn, store, self.spark_job, settings, owner)
+        self.spark_job.check_detachable()  # before anything is planned: a wrong connection leaves no pending batch
         prepared = prepare_incremental(self.kinesis_hook.conn, store, settings, owner)
         if prepared.summary is not None:
             return prepared.summary
@@ -510,6 +511,16 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         self.time_slices = time_slices
         self.slice_length = slice_length
         self.parallelism = parallelism
+
+    def validate(self) -> None:
+        """As :meth:`KinesisToSparkOperator.validate`; a window is never deferred.
+
+        :raises ValueError: ``deferrable=True`` (a window run waits for its job in the worker).
+        """
+        if self.deferrable:
+            raise ValueError("KinesisWindowToSparkOperator does not defer (deferrable=True): a window run waits for its "
+                             "job in the worker; set deferrable=False")  # fmt: skip
+        super().validate()
 
     def _window(self) -> tuple[datetime, datetime]:
         bounds = []

@@ -30,6 +30,7 @@ import pytest
 
 from airflow_kinesis_spark.core.job import (
     STAGING_DIR,
+    handed_batch_state,
     JobArguments,
     job_arguments_from,
     run_handed_batch,
@@ -45,7 +46,7 @@ from airflow_kinesis_spark.core.protocol import (
     prepare_incremental,
     run_incremental,
 )
-from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head
 from airflow_kinesis_spark.exceptions import (
     BatchLeaseHeldError,
     CheckpointConflictError,
@@ -610,3 +611,24 @@ def test_staging_is_under_the_outputs_parent_one_directory_per_writer(output):
     assert staged.startswith(f"{parent}/{STAGING_DIR}/batch_id=7-")
     assert "/" not in staged[len(f"{parent}/{STAGING_DIR}/") :]  # one directory, whatever the writer id holds
     assert staged == staging_location(output, first) != staging_location(output, second)
+
+
+# -- what a deferred task waits on (core.job.handed_batch_state) --------------------------------
+
+def _state(head: Head, **kwargs: Any) -> str | None:
+    args = {"now_ms": 1_000_000, "handed_at_ms": 990_000, "job_start_timeout": 60.0, **kwargs}
+    state = handed_batch_state(head, 3, "run-1", 30.0, **args)
+    return None if state is None else state["status"]
+
+
+def test_the_report_trigger_decides_from_the_head_alone():
+    pending = {"committed_batch_id": 2, "pending_batch_id": 3}
+    assert _state(Head(**pending, pending_owner="run-1", pending_heartbeat=990_000)) is None  # handed, not claimed yet
+    assert _state(Head(**pending, pending_owner="run-1"), now_ms=990_000 + 61_000) == "no_report"  # no job claimed it in time
+    assert _state(Head(**pending, pending_owner="run-1/driver-a", pending_heartbeat=995_000)) is None  # running
+    assert _state(Head(**pending, pending_owner="run-1/driver-a", pending_heartbeat=960_000)) == "no_report"  # lease expired
+    assert _state(Head(**pending, pending_owner="run-1/driver-a", pending_heartbeat=0)) == "no_report"  # released: failed
+    assert _state(Head(**pending, pending_owner="run-1/driver-a", pending_report_owner="run-1/driver-a")) == "reported"
+    assert _state(Head(**pending, pending_owner="run-2", pending_heartbeat=999_000)) == "taken_over"
+    assert _state(Head(committed_batch_id=3)) == "committed"
+    assert _state(Head(committed_batch_id=2)) == "not_pending"  # discarded

@@ -20,6 +20,7 @@ from airflow_kinesis_spark.sensors.kinesis import (
 )
 from airflow_kinesis_spark.triggers.kinesis import (
     KinesisReshardingTrigger,
+    KinesisBatchReportTrigger,
     KinesisRetentionTrigger,
     KinesisShardLagTrigger,
 )
@@ -158,6 +159,8 @@ TRIGGERS = [
     KinesisShardLagTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", min_age_seconds=30.0, poke_interval=5),
     KinesisReshardingTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", region_name="eu-west-1"),
     KinesisRetentionTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", margin_seconds=3600.0),
+    KinesisBatchReportTrigger(stream_name="s", consumer_name="c", checkpoint_table="t", batch_id=4, lease_owner="dag.task.run.try1.ab12",
+                              lease_seconds=120.0, handed_at=1_790_000_000.5, job_start_timeout=600.0, poke_interval=10.0),
 ]
 
 

@@ -272,3 +272,17 @@ def test_the_job_takes_its_batch_from_the_store_under_spark_submit(kinesis, dyna
     rows = list(zip(*(table.column(c).to_pylist() for c in ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"))))
     assert verify(produced, rows).ok
     assert not (tmp_path / "_staging").exists()  # published by a rename; the emptied _staging folder removed
+
+
+def test_platform_arguments_are_ignored_and_flags_take_values():
+    """Glue passes arguments as name/value pairs and adds its own (--JOB_NAME, --JOB_RUN_ID): the
+    job ignores what it does not take (logged) and reads ``--records-expected true|false``."""
+    base = ["--checkpoint-table", "kinesis_checkpoints", "--stream", "orders", "--consumer", "lake", "--batch-id", "7",
+            "--lease-owner", "plan-task"]  # fmt: skip
+    args = job.parse_args([*base, "--records-expected", "true", "--JOB_NAME", "ingest", "--JOB_RUN_ID", "jr_1"])
+    assert args.records_expected is True and args.batch_id == 7
+    assert job.parse_args([*base, "--records-expected", "false"]).records_expected is False
+    assert job.parse_args([*base, "--records-expected", "--limit", "5"]).records_expected is True
+    assert job.parse_args(base).records_expected is False
+    with pytest.raises(SystemExit):
+        job.parse_args([*base, "--records-expected", "maybe"])
