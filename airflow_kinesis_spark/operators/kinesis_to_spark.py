@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from airflow.sdk import BaseOperator, Context
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
@@ -153,7 +154,10 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         connection in cluster deploy mode on YARN or Kubernetes (submitted with
         ``spark.{yarn,kubernetes}.submission.waitAppCompletion=false``), or a local master
         (development: the driver runs as a detached process on this machine). Not with Spark
-        Connect. Same events and XCom as the blocking path.
+        Connect. Same events and XCom as the blocking path. ``None`` (default): Airflow's
+        ``[operators] default_deferrable`` setting, applied only when the connection can run the
+        driver away from this worker (otherwise the run blocks, and says so in its log); an
+        explicit ``True`` with such a connection fails with :class:`ValueError` before anything is planned.
     :param poke_interval: seconds between two reads of the checkpoint store while deferred.
     :param job_start_timeout: seconds the deferred job has to claim its batch (a cluster may
         queue it) before the wait fails and the task retries (the plan stays pending).
@@ -223,7 +227,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         job_credentials: str = "scoped",
         point_in_time_recovery: bool = True,
         deletion_protection: bool = True,
-        deferrable: bool = False,
+        deferrable: bool | None = None,
         poke_interval: float = 10.0,
         job_start_timeout: float = 600.0,
         **kwargs: Any,
@@ -334,9 +338,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         store = self._store()
         settings = self._settings(context)
         owner = self._owner(context)
-        if not self.deferrable:
+        if not self._defers():
             return run_incremental(self.kinesis_hook.conn, store, self.spark_job, settings, owner)
-        self.spark_job.check_detachable()  # before anything is planned: a wrong connection leaves no pending batch
         prepared = prepare_incremental(self.kinesis_hook.conn, store, settings, owner)
         if prepared.summary is not None:
             return prepared.summary
@@ -355,6 +358,25 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             kwargs={"reused": prepared.reused},
         )  # fmt: skip
         raise AssertionError("unreachable: defer() raises")  # pragma: no cover
+
+    def _defers(self) -> bool:
+        """Whether this run hands its batch to a driver elsewhere and defers (see ``deferrable``);
+        checked before anything is planned, so a wrong connection leaves no pending batch.
+
+        :raises ValueError: ``deferrable=True`` with a connection whose driver would run here.
+        """
+        if self.deferrable is False:
+            return False
+        if self.deferrable is None and not conf.getboolean("operators", "default_deferrable", fallback=False):
+            return False
+        try:
+            self.spark_job.check_detachable()
+        except ValueError as err:
+            if self.deferrable:
+                raise
+            self.log.info("Not deferring ([operators] default_deferrable is on, but %s)", err)
+            return False
+        return True
 
     def execute_complete(self, context: Context, event: dict[str, Any], reused: bool = False) -> dict[str, Any]:
         """Resume after :class:`KinesisBatchReportTrigger` fired: commit the handed batch (same
