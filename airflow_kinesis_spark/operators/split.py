@@ -9,7 +9,7 @@
   strings, ``core.job.JobArguments`` plus the reader options and the transform). Nothing to
   read: the job task is skipped and the commit task returns the plan task's summary.
 * The job task runs ``kinesis_batch.py`` (``kinesis-spark package`` writes it and the package
-  zip to upload) with those arguments: ``SparkSubmitOperator``, ``EmrServerlessStartJobRunOperator``,
+  zip to upload) with those arguments: ``SparkSubmitOperator``, ``EmrServerlessStartJobOperator``,
   ``EmrAddStepsOperator``, ``GlueJobOperator``, ``DatabricksSubmitRunOperator``,
   ``SparkKubernetesOperator``, ... The driver claims the batch, holds its lease, publishes its
   output and records its report in the store (``core.job``), with the cluster's own AWS
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context, TaskGroup
+from airflow.sdk import BaseOperator, BaseXCom, Context, TaskGroup
 from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -56,7 +56,7 @@ JOB_TASK_ONLY = (
 )  # fmt: skip
 
 
-class KinesisPlanBatchOperator(SkipMixin, KinesisToSparkOperator):
+class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
     """The plan task of a split task group: plan and persist one incremental batch, hand it over.
 
     Re-uses a pending batch (never replaces it), or plans, probes and persists a new one, exactly
@@ -103,12 +103,16 @@ class KinesisPlanBatchOperator(SkipMixin, KinesisToSparkOperator):
         if prepared.summary is not None:
             summary = prepared.summary
             self.log.info("Batch %s: %s; no job to run", summary["batch_id"], summary["status"])
+            handover = {"status": summary["status"], "batch_id": summary["batch_id"], "lease_owner": owner,
+                        "lease_seconds": self.lease_seconds, "output_location": summary["output_path"],
+                        "reused_plan": summary["reused_plan"], JOB_ARGUMENTS_KEY: [], "summary": summary}  # fmt: skip
             if ti is not None:
                 ti.xcom_push(key=JOB_ARGUMENTS_KEY, value=[])
+                # Skipping ends execute() with DownstreamTasksSkipped, after which Airflow pushes no
+                # return value: the commit task's hand-over is pushed here, before the skip.
+                ti.xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=handover)
                 self._skip_job_tasks(context)
-            return {"status": summary["status"], "batch_id": summary["batch_id"], "lease_owner": owner,
-                    "lease_seconds": self.lease_seconds, "output_location": summary["output_path"],
-                    "reused_plan": summary["reused_plan"], JOB_ARGUMENTS_KEY: [], "summary": summary}  # fmt: skip
+            return handover
         plan = prepared.plan
         assert plan is not None
         arguments = [*prepared.job_arguments(store, owner, self.lease_seconds).to_args(), *self.read_options.job_args(False)]

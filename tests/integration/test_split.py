@@ -1,0 +1,94 @@
+"""Split tasks (operators/split.py) against moto over HTTP, each task's ``execute`` as Airflow's
+task runner calls it: the plan task can be built, and with nothing to read it skips the job
+task and still hands the commit task its summary."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk import BaseOperator, BaseXCom, dag
+from airflow.sdk.exceptions import DownstreamTasksSkipped
+
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.operators.split import (
+    JOB_ARGUMENTS_KEY,
+    KinesisCommitBatchOperator,
+    KinesisPlanBatchOperator,
+    kinesis_batch_task_group,
+)
+from tests.conftest import create_stream
+
+pytestmark = pytest.mark.integration
+
+
+class FakeTaskInstance:
+    """What ``execute`` and ``XComArg.resolve`` use of Airflow's runtime task instance; XComs in a
+    dict shared by the run's task instances (``xcoms[(task_id, key)]``)."""
+
+    def __init__(self, task_id: str, xcoms: dict[tuple[str, str], Any], run_id: str = "manual__2026-11-23T10:00:00+00:00"):
+        self.dag_id, self.task_id, self.run_id = "split_test", task_id, run_id
+        self.try_number, self.map_index = 1, -1
+        self.xcoms = xcoms
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[(self.task_id, key)] = value
+
+    def xcom_pull(self, task_ids: str, key: str = BaseXCom.XCOM_RETURN_KEY, **_: Any) -> Any:
+        return self.xcoms.get((task_ids, key))
+
+
+def context_for(task: BaseOperator, xcoms: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    ti = FakeTaskInstance(task.task_id, xcoms)
+    return {"ti": ti, "task_instance": ti, "task": task, "run_id": ti.run_id,
+            "dag_run": SimpleNamespace(run_type="manual"), "data_interval_end": None}  # fmt: skip
+
+
+def split_dag(stream: str, output: str) -> Any:
+    @dag(dag_id="split_test", schedule=None)
+    def split_test():
+        kinesis_batch_task_group(
+            "g", job=lambda arguments: BaseOperator(task_id="job"), stream_name=stream, consumer_name="lake",
+            checkpoint_table=f"{stream}_t", output_path=output,
+        )  # fmt: skip
+
+    return split_test()
+
+
+def test_the_plan_operator_is_built_and_refuses_the_job_tasks_arguments(tmp_path):
+    """Its bases are in an order whose ``__init__`` chain reaches ``BaseOperator`` (with
+    ``SkipMixin`` first it ended in ``LoggingMixin.__init__``: every split DAG failed to import)."""
+    kwargs = dict(task_id="plan", stream_name="s", consumer_name="c", checkpoint_table="t", output_path=str(tmp_path))
+    plan = KinesisPlanBatchOperator(**kwargs)
+    assert (plan.stream_name, plan.output_asset, plan.job_task_ids) == ("s", False, None)
+    with pytest.raises(TypeError, match="spark_conn_id"):
+        KinesisPlanBatchOperator(spark_conn_id="spark_default", **kwargs)
+
+
+def test_with_nothing_to_read_the_job_is_skipped_and_the_commit_returns_the_plans_summary(
+    aws_conn, kinesis, dynamodb, unique_name, tmp_path
+):
+    """The skip ends the plan task's ``execute`` with ``DownstreamTasksSkipped``, after which
+    Airflow's task runner pushes no return value: the hand-over must be in XCom all the same, or
+    the commit task (which runs when the job was skipped) fails on a missing hand-over."""
+    create_stream(kinesis, unique_name, 2)
+    split = split_dag(unique_name, str(tmp_path / "out"))
+    plan, commit = split.get_task("g.plan"), split.get_task("g.commit")
+    assert isinstance(plan, KinesisPlanBatchOperator) and isinstance(commit, KinesisCommitBatchOperator)
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    # First run: the new shards' checkpoints are recorded without a job; second run: nothing at all.
+    for status, committed in (("committed_without_records", 1), ("no_new_records", 1)):
+        xcoms: dict[tuple[str, str], Any] = {}
+        with pytest.raises(DownstreamTasksSkipped) as skipped:
+            plan.execute(context_for(plan, xcoms))
+        assert skipped.value.tasks == ["g.job"]
+        assert xcoms[("g.plan", JOB_ARGUMENTS_KEY)] == []
+        handover = xcoms.get(("g.plan", BaseXCom.XCOM_RETURN_KEY))
+        assert handover is not None, "the plan task's hand-over was not pushed before the skip"
+        assert handover["status"] == status and handover[JOB_ARGUMENTS_KEY] == []
+
+        summary = commit.execute(context_for(commit, xcoms))
+        assert summary["status"] == status and summary == handover["summary"]
+        head = store.head()
+        assert head.pending_batch_id is None and head.committed_batch_id == committed
