@@ -30,6 +30,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, BaseXCom, Context, TaskGroup
 from airflow.sdk.bases.skipmixin import SkipMixin
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, prepare_incremental
@@ -153,7 +154,8 @@ class KinesisCommitBatchOperator(ConsumerHooksMixin, BaseOperator):
     :param plan_task_id: the plan task (its XCom return value).
     :param output_path: the output root, for the asset event (templated; ``None``: no asset).
     :param output_asset: declare the output root as an Asset outlet (as :class:`KinesisToSparkOperator`).
-    :param deferrable: wait in the triggerer while the job runs.
+    :param deferrable: wait in the triggerer while the job runs (default: Airflow's
+        ``[operators] default_deferrable``).
     :param poke_interval: seconds between two reads of the store while deferred.
     :param job_start_timeout: seconds the job has to claim the batch after the plan task handed
         it over (a queued cluster job) before a deferred wait gives up.
@@ -171,7 +173,8 @@ class KinesisCommitBatchOperator(ConsumerHooksMixin, BaseOperator):
 
     def __init__(
         self, *, stream_name: str, consumer_name: str, checkpoint_table: str, plan_task_id: str,
-        output_path: str | None = None, output_asset: bool = True, deferrable: bool = False, poke_interval: float = 10.0,
+        output_path: str | None = None, output_asset: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False), poke_interval: float = 10.0,
         job_start_timeout: float = 600.0, aws_conn_id: str | None = "aws_default", region_name: str | None = None,
         **kwargs: Any,
     ) -> None:  # fmt: skip
@@ -238,7 +241,7 @@ def kinesis_batch_task_group(
     consumer_name: str,
     checkpoint_table: str,
     output_path: str,
-    deferrable: bool = False,
+    deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     aws_conn_id: str | None = "aws_default",
     region_name: str | None = None,
@@ -254,7 +257,8 @@ def kinesis_batch_task_group(
             job=lambda arguments: SparkSubmitOperator(task_id="job", application=script,
                                                       py_files=core_zip, application_args=arguments)
 
-    :param deferrable: the commit task waits in the triggerer while the job runs.
+    :param deferrable: the commit task waits in the triggerer while the job runs (default:
+        Airflow's ``[operators] default_deferrable``).
     :param lease_seconds: the batch's lease, renewed by the job's driver; keep it below the job
         task's ``retry_delay`` so a retry finds an expired lease.
     :param commit_kwargs: extra arguments of :class:`KinesisCommitBatchOperator` (``poke_interval``,
