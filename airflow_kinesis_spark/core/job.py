@@ -216,27 +216,40 @@ def run_handed_batch(
     plan = store.pending_plan(head)
     if plan is None:
         raise CheckpointConflictError(f"pending batch {args.batch_id} has no stored plan", batch_id=args.batch_id)
-    staging = staging_location(plan.output_location, writer)
-    published = False
-    log.info("batch %d claimed by %s: %d shard ranges, output %s (staged at %s)",
-             plan.batch_id, writer, len(plan.ranges), plan.output_location, staging)  # fmt: skip
-    try:
-        with store.hold_lease(plan.batch_id, writer, args.lease_seconds, on_lost=lambda err: cancel()):
-            result = write(plan, staging)
-            reports = [ShardReport.from_dict(r) for r in result["reports"]]
-            validate_report(plan, reports)  # a report that does not match its plan is never recorded
-            # Fenced: a writer that lost the batch (a zombie) fails here and publishes nothing.
-            store.heartbeat(plan.batch_id, writer)
-            publish(staging if result.get("records") or result.get("quarantine_location") else None, plan.output_location)
-            published = True
-            store.record_report(plan.batch_id, writer, reports)
-    finally:
-        if not published:
-            discard(staging)
+    log.info("batch %d claimed by %s: %d shard ranges, output %s", plan.batch_id, writer, len(plan.ranges), plan.output_location)
+    with store.hold_lease(plan.batch_id, writer, args.lease_seconds, on_lost=lambda err: cancel()):
+        result, reports = _write_and_publish(
+            plan, writer, write, publish, discard,
+            check=lambda reports: validate_report(plan, reports),  # a report that does not match its plan is never recorded
+            fence=lambda: store.heartbeat(plan.batch_id, writer),  # a writer that lost the batch (a zombie) stops here
+        )  # fmt: skip
+        store.record_report(plan.batch_id, writer, reports)
     store.release(plan.batch_id, writer)  # the commit may claim the batch at once
     log.info("batch %d: %d records written to %s; report recorded by %s",
              plan.batch_id, result["records"], plan.output_location, writer)  # fmt: skip
     return {"status": "reported", "batch_id": plan.batch_id, "writer": writer, **result}
+
+
+def _write_and_publish(
+    plan: BatchPlan, writer: str, write: Callable[[BatchPlan, str], dict[str, Any]], publish: Callable[[str | None, str], None],
+    discard: Callable[[str], None], *, check: Callable[[list[ShardReport]], Any], fence: Callable[[], None] = lambda: None,
+) -> tuple[dict[str, Any], list[ShardReport]]:  # fmt: skip
+    """Write ``plan`` to ``writer``'s staging location, ``check`` the reports, ``fence``, then
+    publish to the plan's output location (nothing written: the location is removed); an
+    unpublished staging directory is discarded. Returns the job's result and its reports."""
+    staging = staging_location(plan.output_location, writer)
+    published = False
+    try:
+        result = write(plan, staging)
+        reports = [ShardReport.from_dict(r) for r in result["reports"]]
+        check(reports)
+        fence()
+        publish(staging if result.get("records") or result.get("quarantine_location") else None, plan.output_location)
+        published = True
+    finally:
+        if not published:
+            discard(staging)
+    return result, reports
 
 
 def run_handed_window(
@@ -272,17 +285,7 @@ def run_handed_window(
             "these job arguments belong to another run, or its items expired. Nothing was read or written."
         )
     plan = BatchPlan.from_dict(data)
-    staging = staging_location(plan.output_location, writer)
-    published = False
-    try:
-        result = write(plan, staging)
-        reports = [ShardReport.from_dict(r) for r in result["reports"]]
-        validate_window_report(plan, reports)
-        publish(staging if result.get("records") or result.get("quarantine_location") else None, plan.output_location)
-        published = True
-    finally:
-        if not published:
-            discard(staging)
+    result, reports = _write_and_publish(plan, writer, write, publish, discard, check=lambda r: validate_window_report(plan, r))
     store.write_window(args.window, "REPORT", args.lease_owner, [r.to_dict() for r in reports])
     log.info("window %s: %d records written to %s; report stored", args.window, result["records"], plan.output_location)
     return {"status": "reported", "window": args.window, "writer": writer, **result}
