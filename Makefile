@@ -18,7 +18,7 @@ PY35 := $(VENV35)/bin/python
 SPARK35_REQUIREMENTS := 'pyspark==3.5.9' 'numpy<2' 'pandas>=2.1,<2.2' 'pyarrow>=15,<16' 'boto3>=1.34' 'aws-kinesis-agg>=1.2' \
   'protobuf>=4.21' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
 
-.PHONY: bench venv venv-spark35 lock demo demo-resharding demo-backfill test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
+.PHONY: bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -89,6 +89,11 @@ demo-backfill: venv
 
 demo-resharding: venv kinesalite
 	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m demo.run_resharding
+
+# Split tasks (plan, the apache-spark provider's SparkSubmitOperator as the job task, commit) for
+# several batches, checked exactly-once against the producer.
+demo-split: venv
+	$(PY) -m demo.run_split
 
 # The suite runs on every core (pytest-xdist, work stealing): most tests wait on emulators, JVM
 # starts and Spark jobs, and each worker starts its own emulators on free ports. TEST_WORKERS=1

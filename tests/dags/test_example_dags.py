@@ -19,9 +19,11 @@ def test_there_are_example_dags():
     assert [p.name for p in DAG_FILES] == [
         "kinesis_asset_downstream.py",
         "kinesis_backfill.py",
+        "kinesis_emr_serverless.py",
         "kinesis_event_driven.py",
         "kinesis_microbatch.py",
         "kinesis_sensors.py",
+        "kinesis_split.py",
     ]
 
 
@@ -44,6 +46,34 @@ def test_microbatch_dag_uses_the_operator_with_the_log_transform(tmp_path, monke
     assert isinstance(task, KinesisToSparkOperator)
     assert task.transform == "airflow_kinesis_spark.transforms.apache_log:parse_combined_log"
     assert task.retries == 2
+
+
+def test_split_dag_runs_the_job_with_spark_submit_in_a_directory_of_its_own(tmp_path, monkeypatch):
+    """Plan, SparkSubmitOperator, commit; the job gets the plan task's job_arguments and nothing
+    else from it, and starts in its own directory, which is also its TMPDIR and Spark's scratch space."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.sdk.definitions.xcom_arg import XComArg
+
+    from airflow_kinesis_spark.operators.split import KinesisCommitBatchOperator, KinesisPlanBatchOperator
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("KINESIS_SPARK_JOB_PACKAGE", "/srv/job/")
+    monkeypatch.setenv("KINESIS_SPARK_JOB_ROOT", "/srv/jobs")
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(ROOT / "dags" / "kinesis_split.py")).dags["kinesis_split"]
+    plan, job, commit = dag.get_task("split.plan"), dag.get_task("split.job"), dag.get_task("split.commit")
+    assert isinstance(plan, KinesisPlanBatchOperator) and isinstance(commit, KinesisCommitBatchOperator)
+    assert isinstance(job, SparkSubmitOperator)
+    assert job.upstream_task_ids == {"split.plan"} and commit.upstream_task_ids == {"split.job"}
+    assert (job.application, job.py_files) == ("/srv/job/kinesis_batch.py", "/srv/job/airflow_kinesis_spark_core.zip")
+    assert isinstance(job.application_args, XComArg)
+    assert (job.application_args.operator, job.application_args.key) == (plan, "job_arguments")
+    assert job.working_dir == "/srv/jobs/{{ ti.id }}" and "working_dir" in job.template_fields
+    assert job.env_vars == {"TMPDIR": job.working_dir} and job.conf["spark.local.dir"] == job.working_dir
+    assert job.conf["spark.driver.extraJavaOptions"] == f"-Djava.io.tmpdir={job.working_dir}"
+    assert plan.consumer_name == "parquet-lake-split" and plan.output_path == "/tmp/kinesis_spark_output_split"
+    assert dag.max_active_runs == 1 and job.retry_delay.total_seconds() > plan.lease_seconds
 
 
 def test_event_driven_dag_runs_on_a_backlog_watched_by_the_trigger(tmp_path, monkeypatch):
