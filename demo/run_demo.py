@@ -14,8 +14,6 @@ output_path, checkpoint_table, and more.
 from __future__ import annotations
 
 import argparse
-import base64
-import gzip
 import json
 import shutil
 import sys
@@ -27,29 +25,19 @@ import pyarrow.parquet as pq
 
 from airflow_kinesis_spark.core.schema import OUTPUT_COLUMNS as SCHEMA_COLUMNS
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from demo.producer import Produced, committed_rows, put_aggregated, put_plain, put_raw, verify
+from demo.access_log import ROW_COLUMNS, kpl_vectors, log_lines, put_lines, put_vectors, report_verdict, vector_matches
+from demo.producer import Produced, committed_rows, verify
 from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, airflow, airflow_env, moto_server
 
 STREAM = "apache-access-log"
 CONSUMER = "parquet-lake"
 TABLE = "kinesis_spark_checkpoints"
 DAG_ID = "kinesis_microbatch"
-ROW_COLUMNS = ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "explicit_hash_key", "data", "log_parsed")
 OUTPUT_COLUMNS = [(name, arrow) for name, _, arrow in SCHEMA_COLUMNS]
 
 
 def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
-
-
-def log_lines() -> list[tuple[str, bytes]]:
-    with gzip.open(ROOT / "data" / "apache_access_log.gz", "rt", encoding="utf-8") as fh:
-        lines = [line.rstrip("\n") for line in fh if line.strip()]
-    return [(line.split(" ", 1)[0], line.encode("utf-8")) for line in lines]
-
-
-def kpl_vectors() -> list[dict]:
-    return json.loads((ROOT / "data" / "kpl_vectors.json").read_text())["vectors"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,24 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         kinesis.get_waiter("stream_exists").wait(StreamName=STREAM, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
         lines = log_lines()
         half = len(lines) // 2
-        produced: list[Produced] = []
-        produced += put_plain(kinesis, STREAM, lines[:half])
-        produced += put_aggregated(kinesis, STREAM, lines[half:])
+        produced: list[Produced] = put_lines(kinesis, STREAM, lines)
         vectors = kpl_vectors()
-        produced += put_raw(
-            kinesis, STREAM,
-            [(v["partition_key"], base64.b64decode(v["data_base64"]),
-              [(u["sub_sequence_number"], u["partition_key"], u["data"].encode()) for u in v["expected_user_records"]])
-             for v in vectors],
-        )  # fmt: skip
+        produced += put_vectors(kinesis, STREAM, vectors)
         say(f"put {len(lines)} log lines ({half} plain, {len(lines) - half} KPL-aggregated) and {len(vectors)} KPL records: {len(produced)} user records")
 
         say(f"batch run 1: airflow dags test {DAG_ID}")
         airflow(["dags", "test", DAG_ID], env, log_file)
 
         extra = lines[: args.extra_lines]
-        produced += put_plain(kinesis, STREAM, extra[: len(extra) // 2])
-        produced += put_aggregated(kinesis, STREAM, extra[len(extra) // 2 :])
+        produced += put_lines(kinesis, STREAM, extra)
         say(f"put {len(extra)} more lines; total {len(produced)} user records")
         time.sleep(0.05)  # arrival timestamps have millisecond precision: cut off strictly after the puts
 
@@ -116,31 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     schema = pq.read_schema(next(dirs[0].glob("*.parquet"))) if dirs else None
     verdict = verify(produced, [(r[0], r[1], r[2], r[3], r[5]) for r in rows])
     schema_ok = schema is not None and [(f.name, str(f.type)) for f in schema][: len(OUTPUT_COLUMNS)] == OUTPUT_COLUMNS
-    vector_records = vector_ok = 0
-    for v in vectors:
-        for u in v["expected_user_records"]:
-            vector_records += 1
-            match = [r for r in rows if r[3] == u["partition_key"] and r[2] == u["sub_sequence_number"]
-                     and r[4] == u["explicit_hash_key"] and r[5] == u["data"].encode()]  # fmt: skip
-            vector_ok += len(match) == 1
+    vector_ok, vector_records = vector_matches(vectors, rows)
     parsed = sum(1 for r in rows if r[6])
 
     say(f"committed batches: {head.committed_batch_id}; output directories: {[d.name for d in dirs]}")
     say("checkpoints: " + ", ".join(f"{k}={v}" for k, v in sorted(checkpoints.items())))
     say(f"output schema matches the documented columns: {schema_ok}")
-    say(f"user records produced {verdict.records_in}, in committed output {verdict.records_out} "
-        f"(rows {verdict.rows}), duplicates {verdict.duplicates}, missing {verdict.missing}, "
-        f"unexpected {verdict.unexpected}, data mismatches {verdict.data_mismatches}")  # fmt: skip
-    say(f"kpl_vectors.json user records found exactly as the file says: {vector_ok}/{vector_records}")
-    say(f"log lines parsed into columns: {parsed}; Airflow log: {log_file}")
     result = {
         "batches": head.committed_batch_id,
-        "records_in": verdict.records_in,
-        "records_out": verdict.records_out,
-        "duplicates": verdict.duplicates,
-        "missing": verdict.missing,
-        "unexpected": verdict.unexpected,
-        "data_mismatches": verdict.data_mismatches,
+        **report_verdict(say, verdict, (vector_ok, vector_records), parsed, log_file),
         "kpl_vector_records_ok": vector_ok,
         "kpl_vector_records": vector_records,
         "parsed_log_lines": parsed,

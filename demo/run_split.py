@@ -18,8 +18,6 @@ runner, and more.
 from __future__ import annotations
 
 import argparse
-import base64
-import gzip
 import json
 import shutil
 import sqlite3
@@ -32,7 +30,8 @@ import boto3
 
 from airflow_kinesis_spark.core.job import job_arguments_from
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from demo.producer import Produced, committed_rows, put_aggregated, put_plain, put_raw, verify
+from demo.access_log import ROW_COLUMNS, kpl_vectors, log_lines, put_lines, put_vectors, report_verdict, vector_matches
+from demo.producer import Produced, committed_rows, verify
 from demo.stack import ACCESS_KEY, BIN, REGION, ROOT, SECRET_KEY, airflow, airflow_env, moto_server
 
 STREAM = "apache-access-log"
@@ -40,21 +39,10 @@ CONSUMER = "parquet-lake-split"
 TABLE = "kinesis_spark_checkpoints"
 DAG_ID = "kinesis_split"
 PLAN_TASK, JOB_TASK, COMMIT_TASK = "split.plan", "split.job", "split.commit"
-ROW_COLUMNS = ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "explicit_hash_key", "data", "log_parsed")
 
 
 def say(message: str) -> None:
     print(f"[split] {message}", flush=True)
-
-
-def log_lines() -> list[tuple[str, bytes]]:
-    with gzip.open(ROOT / "data" / "apache_access_log.gz", "rt", encoding="utf-8") as fh:
-        lines = [line.rstrip("\n") for line in fh if line.strip()]
-    return [(line.split(" ", 1)[0], line.encode("utf-8")) for line in lines]
-
-
-def kpl_vectors() -> list[dict]:
-    return json.loads((ROOT / "data" / "kpl_vectors.json").read_text())["vectors"]
 
 
 def _json(value: object) -> object:
@@ -134,15 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         for round_index in range(args.rounds):
             part = lines[round_index * size : (round_index + 1) * size]
             half = len(part) // 2
-            produced += put_plain(kinesis, STREAM, part[:half])
-            produced += put_aggregated(kinesis, STREAM, part[half:])
+            produced += put_lines(kinesis, STREAM, part)
             if round_index == 0:
-                produced += put_raw(
-                    kinesis, STREAM,
-                    [(v["partition_key"], base64.b64decode(v["data_base64"]),
-                      [(u["sub_sequence_number"], u["partition_key"], u["data"].encode()) for u in v["expected_user_records"]])
-                     for v in vectors],
-                )  # fmt: skip
+                produced += put_vectors(kinesis, STREAM, vectors)
             time.sleep(0.05)  # arrival timestamps have millisecond precision: cut off strictly after the puts
             say(f"round {round_index + 1}: put {len(part)} log lines ({half} plain, {len(part) - half} KPL-aggregated)"
                 f"{' and the KPL vectors' if round_index == 0 else ''}; {len(produced)} user records so far; "
@@ -158,13 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     records = airflow_records(work / "airflow_home" / "airflow.db")
     rows = committed_rows(output, head.committed_batch_id, ROW_COLUMNS)
     verdict = verify(produced, [(r[0], r[1], r[2], r[3], r[5]) for r in rows])
-    vector_records = vector_ok = 0
-    for v in vectors:
-        for u in v["expected_user_records"]:
-            vector_records += 1
-            match = [r for r in rows if r[3] == u["partition_key"] and r[2] == u["sub_sequence_number"]
-                     and r[4] == u["explicit_hash_key"] and r[5] == u["data"].encode()]  # fmt: skip
-            vector_ok += len(match) == 1
+    vector_ok, vector_records = vector_matches(vectors, rows)
     parsed = sum(1 for r in rows if r[6])
     job_states = records["task_states"].get(JOB_TASK, [])  # type: ignore[union-attr]
     handed = [a for a in records["job_arguments"] if a]  # type: ignore[union-attr]
@@ -183,19 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     say("checkpoints: " + ", ".join(f"{k}={v}" for k, v in sorted(checkpoints.items())))
     say(f"job directories (one per job attempt, its working directory and TMPDIR): {len(job_dirs)}; "
         f"a job argument names a file: {any(names_a_file(a) for a in handed)}")  # fmt: skip
-    say(f"user records produced {verdict.records_in}, in committed output {verdict.records_out} "
-        f"(rows {verdict.rows}), duplicates {verdict.duplicates}, missing {verdict.missing}, "
-        f"unexpected {verdict.unexpected}, data mismatches {verdict.data_mismatches}")  # fmt: skip
-    say(f"kpl_vectors.json user records found exactly as the file says: {vector_ok}/{vector_records}")
-    say(f"log lines parsed into columns: {parsed}; Airflow log: {log_file}")
     result = {
         "batches": head.committed_batch_id,
-        "records_in": verdict.records_in,
-        "records_out": verdict.records_out,
-        "duplicates": verdict.duplicates,
-        "missing": verdict.missing,
-        "unexpected": verdict.unexpected,
-        "data_mismatches": verdict.data_mismatches,
+        **report_verdict(say, verdict, (vector_ok, vector_records), parsed, log_file),
         "runner": "SparkSubmitOperator",
         "dag_runs": len(records["run_states"]),  # type: ignore[arg-type]
         "dag_runs_succeeded": records["run_states"].count("success"),  # type: ignore[union-attr]
