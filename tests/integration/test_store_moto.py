@@ -701,3 +701,25 @@ def test_hold_lease_rejects_a_lease_that_is_not_positive(lease_store, lease_seco
         with lease_store.hold_lease(1, "run-a", lease_seconds=lease_seconds):
             pass
     assert lease_threads(1) == []
+
+
+# -- hold_hand_off (the planning run's lease until the job's driver claims the batch) ----------------
+
+
+def test_hold_hand_off_keeps_the_lease_until_the_driver_claims_then_leaves_it_to_the_driver(lease_store):
+    store = lease_store
+    store.begin(plan_for(store, 1, open_shards(2)), "run-a")
+    with store.hold_hand_off(1, "run-a", lease_seconds=0.6):
+        assert [t for t in threading.enumerate() if t.name == "hand-off-batch-1" and t.is_alive()]
+        time.sleep(1.5)  # the driver is starting, well past the lease: only the renewals keep it
+        with pytest.raises(BatchLeaseHeldError, match="being run by run-a"):
+            other(store).take_over(1, "run-b", lease_seconds=0.6)
+        head = other(store).claim(1, "run-a", "run-a/driver-1", lease_seconds=0.6)  # the driver claims at any time
+        assert head.pending_owner == "run-a/driver-1"
+        claimed = head.pending_heartbeat
+        time.sleep(1.0)  # renewing stopped at the claim: the driver's lease is its own
+        assert store.head().pending_heartbeat == claimed
+        assert store.head().pending_owner == "run-a/driver-1"
+    assert not [t for t in threading.enumerate() if t.name == "hand-off-batch-1" and t.is_alive()]
+    time.sleep(0.7)  # the driver died without renewing: a retry may take the batch over
+    assert other(store).take_over(1, "run-b", lease_seconds=0.6).pending_owner == "run-b"

@@ -91,16 +91,52 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def kill_spark_driver(proc: subprocess.Popen) -> bool:
-    """kill -9 only the Spark driver JVM under the operator process."""
-    for child in psutil.Process(proc.pid).children(recursive=True):
+def spark_processes(proc: subprocess.Popen) -> dict[str, list[psutil.Process]]:
+    """The Spark job's processes under the operator process ``proc`` (local master, client mode):
+
+    * ``jvm``: the spark-submit JVM (``SparkSubmit``: the driver's JVM; executors run in it);
+    * ``driver``: the job's Python driver (``kinesis_batch.py``, a child of the JVM): the process
+      that claims the batch, holds its lease, publishes and records the report (``core.job``);
+    * ``workers``: the Python workers (``pyspark.daemon`` / ``pyspark.worker``) reading Kinesis.
+    """
+    found: dict[str, list[psutil.Process]] = {"jvm": [], "driver": [], "workers": []}
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
         try:
-            if "java" in child.name() and any("SparkSubmit" in part for part in child.cmdline()):
-                child.kill()
-                return True
+            name, cmdline = child.name(), child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "java" in name and any("SparkSubmit" in part for part in cmdline):
+            found["jvm"].append(child)
+        elif any(part.startswith("pyspark.daemon") or part.startswith("pyspark.worker") for part in cmdline):
+            found["workers"].append(child)
+        elif "java" not in name and any(part.endswith("kinesis_batch.py") for part in cmdline):
+            found["driver"].append(child)
+    return found
+
+
+def kill_spark_driver(proc: subprocess.Popen, which: str = "jvm") -> bool:
+    """kill -9 only the Spark driver under the operator process: its JVM (``which="jvm"``) or its
+    Python process (``which="driver"``, see :func:`spark_processes`)."""
+    for child in spark_processes(proc)[which]:
+        try:
+            child.kill()
+            return True
         except psutil.NoSuchProcess:
             continue
     return False
+
+
+def signal_processes(processes: list[psutil.Process], sig: int) -> None:
+    """Send ``sig`` (e.g. ``SIGSTOP``, ``SIGCONT``) to each of ``processes`` still alive."""
+    for process in processes:
+        try:
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            continue
 
 
 def wait_until(predicate, timeout: float, proc: subprocess.Popen | None = None, step: float = 0.02) -> bool:

@@ -63,7 +63,9 @@ def test_kill_at(point, setup):
     elif point in ("mid_read", "spark_driver_mid_read"):
         reached = wait_until(reading(consumer), 180, proc)
     elif point == "mid_write":
-        reached = wait_until(lambda: (consumer.output / "batch_id=1" / "_temporary").exists(), 180, proc)
+        # The job writes to its staging directory ({output}/_staging/batch_id=1-{writer digest},
+        # core.job.staging_location) and publishes it once written and still holding the lease.
+        reached = wait_until(lambda: any((consumer.output / "_staging").glob("batch_id=1-*/_temporary")), 180, proc)
     else:
         reached = proxy.held.wait(180)
     assert reached, f"{point} never reached:\n{consumer.last_log()[-3000:]}"
