@@ -31,6 +31,7 @@ HOLDS = {
 }
 
 
+@pytest.mark.timeout(3600)  # 50 kills, each with a cold spark-submit: longer than the suite's per-test default
 def test_seeded_random_kill_points(moto_endpoint, kinesis, dynamodb, unique_name, tmp_path):
     rng = random.Random(SEED)
     create_stream(kinesis, unique_name, 2)
