@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -354,6 +356,9 @@ def test_at_timestamp_start_with_nothing_after_it_on_moto(kinesis, unique_name):
     checkpoints = validate_report(plan, reports)
     assert stored(checkpoints[rng.shard_id]) == Checkpoint(Sentinel.AT_TIMESTAMP, timestamp=plan.cutoff)
     late = put_plain(kinesis, unique_name, "b", b"after")
+    # Arrival timestamps and cutoffs are milliseconds: a cutoff in the record's own millisecond
+    # rightly leaves it for the next batch (arrival >= cutoff), so plan strictly after it.
+    time.sleep(0.01)
     records2, _ = read_plan(kinesis, plan_batch(kinesis, unique_name, 2, checkpoints))
     assert as_puts(records2[rng.shard_id]) == late
     kinesis.delete_stream(StreamName=unique_name)
