@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
