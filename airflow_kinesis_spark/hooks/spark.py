@@ -273,7 +273,6 @@ class SparkSubmitJob:
         hook = self._build_hook(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
                                 output_location, arguments.checkpoint_table)  # fmt: skip
         master = str(hook._connection.get("master") or "")
-        deploy_mode = hook._connection.get("deploy_mode")
         if master.startswith("local"):
             command = SparkSubmitHook._build_spark_submit_command(hook, spark_script_path())  # without die_with_parent
             env = {k: v for k, v in {**os.environ, **(hook._env or {})}.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
@@ -285,21 +284,15 @@ class SparkSubmitJob:
                 process = subprocess.Popen(command, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out,
                                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
             return f"local driver, process {process.pid}, log {log_path} (removed with its directory if the job succeeds)"
-        if deploy_mode == "cluster" and (hook._is_yarn or hook._is_kubernetes):
-            key = f"spark.{'yarn' if hook._is_yarn else 'kubernetes'}.submission.waitAppCompletion"
-            hook._conf = {**(hook._conf or {}), key: "false"}
-            try:
-                hook.submit(application=spark_script_path())
-            except Exception as err:
-                raise RuntimeError(f"Submitting the Spark job of batch {arguments.batch_id} failed: {err} "
-                                   f"(spark connection {self.settings.spark_conn_id!r})") from err  # fmt: skip
-            return f"{master}, cluster deploy mode"
-        raise ValueError(
-            f"deferrable=True needs a Spark driver that does not run in this worker, but spark connection "
-            f"{self.settings.spark_conn_id!r} has master {master!r} and deploy mode {deploy_mode!r}. Use cluster deploy "
-            "mode on YARN or Kubernetes (connection extra 'deploy-mode': 'cluster'), a local master for development, "
-            "or deferrable=False."
-        )
+        # check_detachable() above: YARN or Kubernetes in cluster deploy mode
+        key = f"spark.{'yarn' if hook._is_yarn else 'kubernetes'}.submission.waitAppCompletion"
+        hook._conf = {**(hook._conf or {}), key: "false"}
+        try:
+            hook.submit(application=spark_script_path())
+        except Exception as err:
+            raise RuntimeError(f"Submitting the Spark job of batch {arguments.batch_id} failed: {err} "
+                               f"(spark connection {self.settings.spark_conn_id!r})") from err  # fmt: skip
+        return f"{master}, cluster deploy mode"
 
     def check_detachable(self) -> None:
         """Check that :meth:`submit_detached` can start the job away from this worker.
