@@ -101,11 +101,19 @@ class _ConsumerTrigger(BaseTrigger):
     def _store(self) -> DynamoDBCheckpointStore:
         return DynamoDBCheckpointStore(None, self.checkpoint_table, self.stream_name, self.consumer_name)
 
+    #: Whether :meth:`evaluate` reads the stream (``False``: only the checkpoint store).
+    reads_kinesis = True
+
     @asynccontextmanager
     async def _clients(self) -> AsyncIterator[tuple[Any, Any]]:
-        """Async (aiobotocore) Kinesis and DynamoDB clients of the trigger's connection, for its whole run."""
-        kinesis_hook = KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        """Async (aiobotocore) Kinesis and DynamoDB clients of the trigger's connection, for its whole
+        run; no Kinesis client (``None``) for a trigger that only reads the store (:attr:`reads_kinesis`)."""
         dynamodb_hook = DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        if not self.reads_kinesis:
+            async with await dynamodb_hook.get_async_conn() as dynamodb:
+                yield None, dynamodb
+            return
+        kinesis_hook = KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
         async with await kinesis_hook.get_async_conn() as kinesis, await dynamodb_hook.get_async_conn() as dynamodb:
             yield kinesis, dynamodb
 
@@ -354,6 +362,8 @@ class KinesisBatchReportTrigger(_ConsumerTrigger):
         self.lease_seconds = float(lease_seconds)
         self.handed_at = float(handed_at)
         self.job_start_timeout = float(job_start_timeout)
+
+    reads_kinesis = False  # one GetItem of the head per poll
 
     def own_arguments(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "lease_owner": self.lease_owner, "lease_seconds": self.lease_seconds,
