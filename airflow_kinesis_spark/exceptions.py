@@ -10,6 +10,7 @@ from typing import Any
 
 __all__ = [
     "KinesisSparkError",
+    "TableCommitError",
     "StreamNotFoundError",
     "CheckpointConflictError",
     "BatchLeaseHeldError",
@@ -96,3 +97,9 @@ class ReportNotRecordedError(KinesisSparkError):
     """A commit found the pending batch without a recorded report: its job has not finished, or
     ended without recording one. Nothing is committed. Retryable: the commit succeeds once the job
     (or a re-run of it) records the report."""
+
+
+class TableCommitError(KinesisSparkError):
+    """A table commit (Iceberg, Delta) failed for a reason a retry does not mend: the batch's
+    files do not fit the table's schema or partitioning, or a window cannot replace its rows.
+    Nothing is committed; the batch stays pending."""

@@ -75,7 +75,9 @@ def asset_event_extra(summary: Mapping[str, Any]) -> dict[str, Any]:
     Shape: ``batch_id`` (``None`` for window runs and runs without a batch), ``status``,
     ``stream_name``, ``consumer_name``, ``records``, ``bytes``, ``output_path`` (the batch's or
     window's directory; ``None`` when nothing was written), ``shards`` (shard id -> user records),
-    ``quarantined`` and ``cutoff``; window runs add ``window_start`` and ``window_end``.
+    ``quarantined`` and ``cutoff``; window runs add ``window_start`` and ``window_end``. A run
+    that committed to a table adds ``output_format`` and ``table`` (``format``, ``table``: the
+    identifier, ``snapshot_id`` (Iceberg) or ``version`` (Delta), ``files``, ``already_committed``).
     """
     extra: dict[str, Any] = {
         "batch_id": summary.get("batch_id"),
@@ -91,6 +93,8 @@ def asset_event_extra(summary: Mapping[str, Any]) -> dict[str, Any]:
     }
     if summary.get("mode") == "window":
         extra.update(window_start=summary.get("window_start"), window_end=summary.get("window_end"))
+    if summary.get("output_format", "parquet") != "parquet":
+        extra.update(output_format=summary["output_format"], table=summary.get("table"))
     return extra
 
 
@@ -109,9 +113,14 @@ def stream_dataset_name(stream_name: str, region: str | None) -> tuple[str, str]
 
 
 def operator_lineage(
-    *, stream_name: str, region: str | None, output_path: str, summary: Mapping[str, Any] | None
+    *, stream_name: str, region: str | None, output_path: str, summary: Mapping[str, Any] | None,
+    table: str | None = None, output_format: str = "parquet",
 ) -> OperatorLineage:
     """The OpenLineage datasets of one run: the stream in, the output root out.
+
+    A table output (``output_format`` ``iceberg`` or ``delta``) is the output dataset by its
+    location, with a ``symlinks`` facet naming the table (type ``TABLE``; Iceberg: its
+    ``namespace.table`` identifier), as OpenLineage's Spark integration names catalog tables.
 
     With a summary (the run succeeded), the input carries ``inputStatistics`` (``rowCount``:
     user records read, ``size``: their bytes) and the output ``outputStatistics``
@@ -138,7 +147,12 @@ def operator_lineage(
     outputs = []
     if uri is not None:
         namespace, name = output_dataset_name(uri)
-        outputs.append(OutputDataset(namespace=namespace, name=name, outputFacets=output_facets))
+        facets: dict[str, Any] = {}
+        if table and output_format != "parquet":
+            from openlineage.client.generated.symlinks_dataset import Identifier, SymlinksDatasetFacet
+
+            facets["symlinks"] = SymlinksDatasetFacet(identifiers=[Identifier(namespace=namespace, name=table, type="TABLE")])
+        outputs.append(OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets))
     return OperatorLineage(inputs=inputs, outputs=outputs)
 
 

@@ -31,7 +31,11 @@ plan from a file and writes the report to one.
   records seen) the read is cached on disk, so Kinesis is read once: the reports are collected
   from the cache, then the records are written from it. No records, no files.
 * Output: Spark's Parquet writer, mode ``overwrite``, at the plan's ``output_location`` (derived
-  from the batch id), so a re-run of the batch replaces its output.
+  from the batch id), so a re-run of the batch replaces its output; no ``_SUCCESS`` marker (the
+  batch is not committed yet; ``airflow_kinesis_spark.sinks.parquet``). For a table output
+  (the plan's ``output``: ``airflow_kinesis_spark.sinks.OutputSpec``) the rows are written one
+  table partition per file (hidden ``_p{i}`` folder columns, source columns kept in the file)
+  for the worker's table commit; no table format jar is needed.
 * AWS credentials come from the driver's own chain (boto3's: the environment the runner set, or
   the cluster's instance profile, IRSA or EMR execution role), region and endpoints from
   ``--region`` or the environment (``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL_KINESIS``,
@@ -277,6 +281,53 @@ def collect_reports(plan: dict[str, Any], rows: list[str]) -> list[dict[str, Any
     return [found[key] for key in map(_range_key, plan["ranges"])]
 
 
+#: Spark's expressions for the partition transforms of ``airflow_kinesis_spark.sinks.PARTITION_TRANSFORMS``
+#: (UTC session time zone): values that group rows by partition (the table reads the partition
+#: value from each file's statistics, or, for Delta, the column itself).
+_TRANSFORM_FORMATS = {"year": "yyyy", "month": "yyyy-MM", "day": "yyyy-MM-dd", "hour": "yyyy-MM-dd-HH"}
+
+
+def _partition_column(transform: str, source: str) -> Any:
+    from pyspark.sql import functions as F
+
+    column = F.col(f"`{source}`")
+    if transform == "identity":
+        return column.cast("string")
+    if transform == "date":
+        return F.to_date(column)
+    if transform in _TRANSFORM_FORMATS:
+        return F.date_format(column, _TRANSFORM_FORMATS[transform])
+    raise ValueError(f"unknown partition transform {transform!r}")
+
+
+def write_output(data: Any, plan: dict[str, Any], location: str) -> None:
+    """Write the batch's rows as the plan's output form asks (see the module doc).
+
+    :raises ValueError: a partition or derived column's source is not among the transform's
+        output columns (naming it and the columns there are).
+    """
+    output = plan.get("output") or {}
+    partition = [tuple(f) for f in output.get("partition", ())]
+    for name, transform, source in output.get("derived", ()):
+        if name not in data.columns:
+            if source not in data.columns:
+                raise ValueError(f"the {output.get('format')} output adds column {name} = {transform}({source}), but the "
+                                 f"transform's output has no {source} (columns: {data.columns}); keep it, or set partition_by")  # fmt: skip
+            data = data.withColumn(name, _partition_column(transform, source))
+    missing = [source for _, source, _ in partition if source not in data.columns]
+    if missing:
+        raise ValueError(f"the {output.get('format')} output is partitioned by {missing}, which the transform's output "
+                         f"lacks (columns: {data.columns}); keep them in the transform, or change partition_by")  # fmt: skip
+    for transform, source, name in partition:
+        data = data.withColumn(name, _partition_column(transform, source))
+    writer = data.repartition(*[name for _, _, name in partition]).write if partition else data.write
+    if output.get("max_records_per_file"):
+        writer = writer.option("maxRecordsPerFile", int(output["max_records_per_file"]))
+    if partition:
+        writer = writer.partitionBy(*[name for _, _, name in partition])
+    writer.mode("overwrite").parquet(location)
+
+
 def _write_quarantine(rows: Any, location: str) -> None:
     """Corrupt Kinesis records, raw, under ``{location}/_quarantine`` (after the data: overwriting
     the data location clears this folder)."""
@@ -352,7 +403,7 @@ def run_one_pass(
     data = raw.where(F.col("_report").isNull() & F.col("_quarantine_reason").isNull()).drop("_report", "_quarantine_reason")
     if transform is not None:
         data = transform(data)
-    data.write.mode("overwrite").parquet(location)
+    write_output(data, plan, location)
     read_seconds = time.monotonic() - started
     reports = collect_reports(plan, _observed_reports(observation, data, name))
     records = sum(r["records"] for r in reports)
@@ -404,6 +455,8 @@ def run(
     # Also over Spark Connect, where the session is the server's: UTC and standard Parquet timestamps.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    # No _SUCCESS in a batch folder that is not committed (SQL conf entries reach the write's Hadoop conf).
+    spark.conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
     one_pass = bool(options.get("records_expected"))
     if one_pass and observation_supported(spark):
         return run_one_pass(spark, plan, transform, aws_env, options, location)
@@ -427,7 +480,7 @@ def run(
             data = rows.where(F.col("_quarantine_reason").isNull()).drop("_quarantine_reason")
             if transform is not None:
                 data = transform(data)
-            data.write.mode("overwrite").parquet(location)
+            write_output(data, plan, location)
         else:
             log.info("batch %s: no records in the planned ranges; nothing written", plan["batch_id"])
         if quarantined > 0:

@@ -62,6 +62,9 @@ class BatchPlan:
     :param window_start: in window mode, the window's start (UTC).
     :param checkpoint_table: the DynamoDB table the plan is stored in (checked when a pending plan
         is re-used; ``None`` in plans of earlier versions and window plans).
+    :param output: what the job writes for the output form
+        (:meth:`airflow_kinesis_spark.sinks.OutputSpec.to_dict`; ``None``: Parquet, as plans of
+        earlier versions).
     """
 
     batch_id: int
@@ -79,6 +82,7 @@ class BatchPlan:
     trim_gaps: Mapping[str, str] = field(default_factory=dict)
     window_start: datetime | None = None
     checkpoint_table: str | None = None
+    output: Mapping[str, Any] | None = None
 
     @property
     def shard_ids(self) -> list[str]:
@@ -101,6 +105,7 @@ class BatchPlan:
             "trim_gaps": dict(self.trim_gaps),
             "window_start": format_timestamp(self.window_start) if self.window_start else None,
             "checkpoint_table": self.checkpoint_table,
+            "output": dict(self.output) if self.output else None,
         }
 
     @classmethod
@@ -121,6 +126,7 @@ class BatchPlan:
             trim_gaps=dict(data.get("trim_gaps", {})),
             window_start=parse_timestamp(data["window_start"]) if data.get("window_start") else None,
             checkpoint_table=data.get("checkpoint_table"),
+            output=data.get("output"),
         )
 
 

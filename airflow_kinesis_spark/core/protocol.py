@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
@@ -123,6 +124,35 @@ class HandedBatchJob(Protocol):
         ...
 
 
+class Sink(Protocol):
+    """Where a batch's rows become visible (``airflow_kinesis_spark.sinks``: Parquet folders,
+    Iceberg, Delta). Every method is idempotent: the protocol calls them again when it rolls a
+    batch forward.
+
+    - ``output_spec()``: what the job writes (an ``OutputSpec``, stored in each plan).
+    - ``commit_batch(plan, reports)``: make a batch with records visible *before* its checkpoints
+      advance (a table commit that records stream, consumer and batch id; a batch already in the
+      table adds nothing); returns a ``TableCommit`` (or ``None``).
+    - ``after_checkpoint_commit(plan, reports)``: after they advanced (Parquet's committed record).
+    - ``repair(store, head)``: before planning, finish what a crash after the last checkpoint
+      commit left undone.
+    - ``commit_window(plan, reports)``: replace a window's rows atomically.
+    """
+
+    format: str
+    table: str
+
+    def output_spec(self) -> Any: ...
+
+    def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> Any: ...
+
+    def after_checkpoint_commit(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
+
+    def repair(self, store: Any, head: Any) -> None: ...
+
+    def commit_window(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> Any: ...
+
+
 def hands_off(job: Any) -> bool:
     """Whether ``job`` takes its batch from the store (:class:`HandedBatchJob`)."""
     return bool(getattr(job, "takes_batch_from_store", False))
@@ -138,6 +168,8 @@ class IncrementalSettings:
         ``AT_TIMESTAMP``).
     :param lease_seconds: the lease on a pending batch (seconds).
     :param min_call_interval: seconds between two GetRecords calls on one shard for the probes.
+    :param sink: the output form (:class:`Sink`); ``None``: Parquet folders without committed
+        records (protocol tests).
     """
 
     stream_name: str
@@ -151,6 +183,7 @@ class IncrementalSettings:
     allow_data_loss: bool = False
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     min_call_interval: float = MIN_CALL_INTERVAL_S
+    sink: Sink | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +196,9 @@ class WindowSettings:
         (:func:`~airflow_kinesis_spark.core.window.derive_slices`).
     :param slice_length: the shortest slice worth a task when deriving.
     :param parallelism: Spark tasks to keep busy when deriving.
+    :param sink: the output form (:class:`Sink`); a table's window commit replaces the window's
+        rows, and each run then writes its own folder under the window's (``run=...``), so a
+        re-run never deletes files the table's current snapshot holds.
     """
 
     stream_name: str
@@ -175,6 +211,15 @@ class WindowSettings:
     parallelism: int = 2
     allow_data_loss: bool = False
     min_call_interval: float = MIN_CALL_INTERVAL_S
+    sink: Sink | None = None
+
+
+def _output_spec(sink: Sink | None) -> dict[str, Any] | None:
+    return sink.output_spec().to_dict() if sink is not None else None
+
+
+def _is_table(sink: Sink | None) -> bool:
+    return sink is not None and sink.format != "parquet"
 
 
 def batch_output_location(output_root: str, batch_id: int) -> str:
@@ -231,10 +276,10 @@ def run_incremental(
         except Exception:
             store.release_handed(plan.batch_id, owner)  # its processes ended: a retry need not wait for the lease
             raise
-        return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused)
+        return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused, sink=settings.sink)
     return _run_job_and_commit(
         store, job, plan, owner, settings.lease_seconds, records_expected=prepared.records_expected,  # type: ignore[arg-type]
-        reused=prepared.reused,
+        reused=prepared.reused, sink=settings.sink,
     )  # fmt: skip
 
 
@@ -284,6 +329,8 @@ def prepare_incremental(
     """
     now = to_utc(now or datetime.now(timezone.utc))
     head = store.head()
+    if settings.sink is not None:
+        settings.sink.repair(store, head)
     plan = store.pending_plan(head)
     if plan is not None:
         check_pending_plan(plan, head, store, settings)
@@ -299,21 +346,24 @@ def prepare_incremental(
         reports = store.pending_report(head)
         if reports is not None:
             log.info("Batch %d's output was already written; committing without re-running Spark", plan.batch_id)
-            return PreparedBatch(summary=_commit(store, plan, reports, validate_report(plan, reports), owner, reused=True))
+            checkpoints = validate_report(plan, reports)
+            return PreparedBatch(summary=_commit(store, plan, reports, checkpoints, owner, reused=True, sink=settings.sink))
         return PreparedBatch(plan=plan, records_expected=False, reused=True)
 
     plan = plan_batch(kinesis, store, settings, head.committed_batch_id + 1, now, head=head)
     if not plan.ranges:
         log.info("No shard to read: every shard is at SHARD_END or waiting for its parents (%s)", dict(plan.waiting))
-        return PreparedBatch(summary=incremental_summary(plan, [], plan.checkpoints, "no_new_records", reused=False))
+        return PreparedBatch(summary=incremental_summary(plan, [], plan.checkpoints, "no_new_records", reused=False, sink=settings.sink))
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
     if not any(r.records or r.quarantined for r in probes):
-        return PreparedBatch(summary=_commit_without_records(store, plan, probes, owner))
+        return PreparedBatch(summary=_commit_without_records(store, plan, probes, owner, sink=settings.sink))
     store.begin(plan, owner)
     return PreparedBatch(plan=plan, records_expected=any(r.records for r in probes), reused=False)
 
 
-def commit_handed(store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False) -> dict[str, Any]:
+def commit_handed(
+    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Sink | None = None
+) -> dict[str, Any]:
     """Commit pending batch ``batch_id`` from the report its job recorded: the commit task.
 
     Claims the batch back for ``lease_owner`` (under a ``commit`` writer id), validates the
@@ -321,6 +371,7 @@ def commit_handed(store: Any, batch_id: int, lease_owner: str, lease_seconds: fl
     write. Idempotent: when ``batch_id`` is the committed batch already, its summary is returned.
 
     :param lease_owner: the writer id the batch was handed to its job by (the plan task's, or the operator's).
+    :param sink: the output form: its table commit comes before the checkpoint commit.
     :returns: the batch summary (:func:`incremental_summary`).
     :raises ReportNotRecordedError: no report recorded yet (the job runs, or ended without one);
         nothing committed. Retryable.
@@ -334,7 +385,7 @@ def commit_handed(store: Any, batch_id: int, lease_owner: str, lease_seconds: fl
         plan = store.committed_plan(head)
         reports = store.committed_report(head) or []
         log.info("Batch %d is committed already (by %s): nothing to commit", batch_id, head.committed_owner)
-        return incremental_summary(plan, reports, store.committed_checkpoints(head), "committed", reused=True)
+        return incremental_summary(plan, reports, store.committed_checkpoints(head), "committed", reused=True, sink=sink)
     if head.pending_batch_id != batch_id:
         raise CheckpointConflictError(
             f"Batch {batch_id} of stream {store.stream_name!r}, consumer {store.consumer_name!r} is not pending in checkpoint "
@@ -361,7 +412,7 @@ def commit_handed(store: Any, batch_id: int, lease_owner: str, lease_seconds: fl
     reports = store.pending_report(head)
     if plan is None or reports is None:
         raise ReportNotRecordedError(f"Batch {batch_id}: its plan or report went missing while it was claimed", batch_id=batch_id)
-    return _commit(store, plan, reports, validate_report(plan, reports), writer, reused=reused)
+    return _commit(store, plan, reports, validate_report(plan, reports), writer, reused=reused, sink=sink)
 
 
 def plan_batch(
@@ -390,7 +441,7 @@ def plan_batch(
         max_bytes_per_shard=settings.max_bytes_per_shard,
         allow_data_loss=settings.allow_data_loss,
     )
-    plan = replace(plan, checkpoint_table=store.table_name)
+    plan = replace(plan, checkpoint_table=store.table_name, output=_output_spec(settings.sink))
     gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
     if gaps:
         detail = _gap_detail(gaps)
@@ -429,6 +480,7 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
         "consumer": settings.consumer_name,
         "checkpoint table": store.table_name,
         "output location": batch_output_location(settings.output_root, pending_batch_id or 0),
+        "output": _output_spec(settings.sink),
     }
     stored: dict[str, Any] = {
         "batch id": plan.batch_id,
@@ -437,7 +489,11 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
         "consumer": plan.consumer_name,
         "checkpoint table": plan.checkpoint_table or store.table_name,  # plans of earlier versions do not name it
         "output location": plan.output_location,
+        "output": plan.output,
     }
+    if expected["output"] is None or stored["output"] is None:  # protocol tests, and plans of earlier versions: Parquet
+        expected["output"] = (expected["output"] or {}).get("format", "parquet")
+        stored["output"] = (stored["output"] or {}).get("format", "parquet")
     problems = [f"{k}: the plan has {stored[k]!r}, this task has {v!r}" for k, v in expected.items() if stored[k] != v]
     if not problems:
         committed = {k: v.to_dict() for k, v in store.committed_checkpoints(head).items()}
@@ -495,22 +551,35 @@ def _pending_plan_gaps(kinesis: Any, store: Any, plan: BatchPlan, settings: Incr
 
 
 def _run_job_and_commit(
-    store: Any, job: BatchJob, plan: BatchPlan, owner: str, lease_seconds: float, *, records_expected: bool, reused: bool
+    store: Any, job: BatchJob, plan: BatchPlan, owner: str, lease_seconds: float, *, records_expected: bool, reused: bool,
+    sink: Sink | None = None,
 ) -> dict[str, Any]:
     """Run the job of the pending ``plan`` under its lease, then record its report and commit."""
     with store.hold_lease(plan.batch_id, owner, lease_seconds, on_lost=lambda err: job.kill()):
         reports = job.run(plan, records_expected=records_expected)
     checkpoints = validate_report(plan, reports)  # before anything is recorded: a bad report commits nothing
     store.record_report(plan.batch_id, owner, reports)
-    return _commit(store, plan, reports, checkpoints, owner, reused=reused)
+    return _commit(store, plan, reports, checkpoints, owner, reused=reused, sink=sink)
 
 
 def _commit(
-    store: Any, plan: BatchPlan, reports: list[ShardReport], checkpoints: Mapping[str, Checkpoint], owner: str, *, reused: bool
+    store: Any, plan: BatchPlan, reports: list[ShardReport], checkpoints: Mapping[str, Checkpoint], owner: str, *, reused: bool,
+    sink: Sink | None = None,
 ) -> dict[str, Any]:
-    """Advance every checkpoint of ``plan`` (one conditional write) and summarise the batch."""
+    """Make the batch visible in the sink's table (idempotent per batch id), then advance every
+    checkpoint of ``plan`` (one conditional write), then the sink's after-commit step; summarise.
+
+    A crash between the table commit and the checkpoint commit rolls forward: the next attempt
+    finds the recorded report, and the table commit finds the batch in the table and adds nothing.
+    """
+    table = None
+    if sink is not None and sum(r.records for r in reports):
+        store.heartbeat(plan.batch_id, owner)  # still this run's batch: a zombie makes no table commit
+        table = sink.commit_batch(plan, reports)
     store.commit(plan, checkpoints, owner)
-    summary = incremental_summary(plan, reports, checkpoints, "committed", reused=reused)
+    if sink is not None:
+        sink.after_checkpoint_commit(plan, reports)
+    summary = incremental_summary(plan, reports, checkpoints, "committed", reused=reused, sink=sink, table=table)
     log.info(
         "Batch %d committed: %d records from %d shards, output %s",
         plan.batch_id, summary["records"], len(plan.ranges), plan.output_location,
@@ -518,7 +587,7 @@ def _commit(
     return summary
 
 
-def _commit_without_records(store: Any, plan: BatchPlan, probes: list[ShardReport], owner: str) -> dict[str, Any]:
+def _commit_without_records(store: Any, plan: BatchPlan, probes: list[ShardReport], owner: str, *, sink: Sink | None = None) -> dict[str, Any]:
     """No planned range has a record: no job. Commit only when a checkpoint must be recorded:
     a new shard's starting position, a shard's end, or (at most every :data:`IDLE_REFRESH`) that
     idle shards were seen empty up to the cutoff."""
@@ -529,7 +598,7 @@ def _commit_without_records(store: Any, plan: BatchPlan, probes: list[ShardRepor
     if not newly_ended and not new_shards and not stale:
         log.info("No new records in %d shards before cutoff %s: no Spark job, no files, no batch",
                  len(plan.ranges), format_timestamp(plan.cutoff))  # fmt: skip
-        return incremental_summary(plan, probes, plan.checkpoints, "no_new_records", reused=False)
+        return incremental_summary(plan, probes, plan.checkpoints, "no_new_records", reused=False, sink=sink)
     log.info(
         "No new records; recording checkpoints without a Spark job (new shards: %s; shards ended: %s; "
         "idle shards seen empty up to the cutoff: %s)",
@@ -537,7 +606,7 @@ def _commit_without_records(store: Any, plan: BatchPlan, probes: list[ShardRepor
     )  # fmt: skip
     store.begin(plan, owner)
     store.commit(plan, checkpoints, owner)
-    return incremental_summary(plan, probes, checkpoints, "committed_without_records", reused=False)
+    return incremental_summary(plan, probes, checkpoints, "committed_without_records", reused=False, sink=sink)
 
 
 def _needs_idle_refresh(checkpoint: Checkpoint, cutoff: datetime) -> bool:
@@ -548,7 +617,8 @@ def _needs_idle_refresh(checkpoint: Checkpoint, cutoff: datetime) -> bool:
 
 
 def incremental_summary(
-    plan: BatchPlan, reports: Sequence[ShardReport], checkpoints: Mapping[str, Checkpoint], status: str, *, reused: bool
+    plan: BatchPlan, reports: Sequence[ShardReport], checkpoints: Mapping[str, Checkpoint], status: str, *, reused: bool,
+    sink: Sink | None = None, table: Any = None,
 ) -> dict[str, Any]:
     """The run's summary (the operator's XCom), JSON-safe.
 
@@ -557,7 +627,9 @@ def incremental_summary(
         ``output_path``, ``quarantined``, ``quarantine_path``, ``out_of_range``, ``cutoff``,
         ``reused_plan``, ``shards`` (per shard: ``records``, ``bytes``, ``first``, ``last``,
         ``checkpoint``, ``stop_reason``, ``shard_end``, ``quarantined``, ``out_of_range``),
-        ``waiting_shards``, ``lost_shards``, ``trim_gaps``.
+        ``waiting_shards``, ``lost_shards``, ``trim_gaps``, ``output_format``, ``table`` (the
+        sink's ``TableCommit`` as a dict: ``format``, ``table``, ``snapshot_id``, ``version``,
+        ``files``, ``already_committed``; ``None`` when nothing was committed to a table).
     """
     committed = status == "committed"
     shards = {
@@ -593,6 +665,8 @@ def incremental_summary(
         "waiting_shards": dict(plan.waiting),
         "lost_shards": list(plan.lost_shards),
         "trim_gaps": dict(plan.trim_gaps),
+        "output_format": sink.format if sink is not None else "parquet",
+        "table": table.to_dict() if table is not None else None,
     }
 
 
@@ -637,10 +711,14 @@ def run_window(
     slices = settings.time_slices or derive_slices(
         start, end, len(shards), slice_length=settings.slice_length, parallelism=settings.parallelism
     )
+    location = window_output_location(settings.output_root, start, end)
+    if _is_table(settings.sink):  # the table's current snapshot may hold the last run's files: never overwrite them
+        location += f"/run={format_timestamp(now).replace(':', '').replace('-', '')}-{uuid.uuid4().hex[:8]}"
     plan = plan_window(
         stream_name=settings.stream_name, consumer_name=settings.consumer_name, shards=shards, start=start, end=end,
-        slices=int(slices), now=now, output_location=window_output_location(settings.output_root, start, end),
+        slices=int(slices), now=now, output_location=location,
     )  # fmt: skip
+    plan = replace(plan, output=_output_spec(settings.sink))
     log.info("Window [%s, %s): %d shards x %d time slices, output %s",
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
@@ -654,6 +732,7 @@ def run_window(
         reports = probes
     validate_window_report(plan, reports)
     records = sum(r.records for r in reports)
+    table = settings.sink.commit_window(plan, reports) if settings.sink is not None and records else None
     quarantined = sum(r.quarantined for r in reports)
     result = {
         "mode": "window",
@@ -670,6 +749,8 @@ def run_window(
         "time_slices": int(slices),
         "shards": window_summary(reports),
         "trim_gap": gap,
+        "output_format": settings.sink.format if settings.sink is not None else "parquet",
+        "table": table.to_dict() if table is not None else None,
     }
     log.info("Window written: %d records from %d shards to %s", records, len(result["shards"]), result["output_path"])
     return result

@@ -11,6 +11,7 @@ from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
     ReportNotRecordedError,
     ReportValidationError,
+    TableCommitError,
 )
 
 __all__ = ["commit_event", "commit_or_raise"]
@@ -18,7 +19,9 @@ __all__ = ["commit_event", "commit_or_raise"]
 AFTER = "Nothing was committed; the plan stays pending and the next attempt re-uses it."
 
 
-def commit_or_raise(store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False) -> dict[str, Any]:
+def commit_or_raise(
+    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Any = None
+) -> dict[str, Any]:
     """:func:`~airflow_kinesis_spark.core.protocol.commit_handed`, its errors as Airflow's.
 
     :raises AirflowFailException: (no retry) another run took the batch over or moved on, or the
@@ -27,12 +30,14 @@ def commit_or_raise(store: Any, batch_id: int, lease_owner: str, lease_seconds: 
     :raises BatchLeaseHeldError: (retryable) a driver of the batch still holds its lease.
     """
     try:
-        return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused)
-    except (CheckpointConflictError, ReportValidationError) as err:
+        return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused, sink=sink)
+    except (CheckpointConflictError, ReportValidationError, TableCommitError) as err:
         raise AirflowFailException(str(err)) from err
 
 
-def commit_event(store: Any, event: dict[str, Any], lease_seconds: float, *, reused: bool = False) -> dict[str, Any]:
+def commit_event(
+    store: Any, event: dict[str, Any], lease_seconds: float, *, reused: bool = False, sink: Any = None
+) -> dict[str, Any]:
     """Commit after :class:`~airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger` fired.
 
     :param event: the trigger's payload (``status``, ``message``, ``batch_id``, ``lease_owner``).
@@ -43,7 +48,7 @@ def commit_event(store: Any, event: dict[str, Any], lease_seconds: float, *, reu
     """
     status = event.get("status")
     if status in ("reported", "committed"):
-        return commit_or_raise(store, int(event["batch_id"]), event["lease_owner"], lease_seconds, reused=reused)
+        return commit_or_raise(store, int(event["batch_id"]), event["lease_owner"], lease_seconds, reused=reused, sink=sink)
     message = event.get("message") or status
     if status in ("taken_over", "not_pending"):
         raise AirflowFailException(f"{message}: another run of this consumer moved on. This run's output is not committed.")

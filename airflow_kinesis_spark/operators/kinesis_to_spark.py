@@ -36,9 +36,11 @@ from airflow_kinesis_spark.exceptions import (
     DataLossError,
     PendingPlanMismatchError,
     ReportValidationError,
+    TableCommitError,
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.operators.handoff import commit_event
+from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 from airflow_kinesis_spark.hooks.spark import SparkJob, SparkJobSettings, spark_script_path, validate_job_credentials
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
@@ -63,7 +65,7 @@ def _check_local_output(path: str) -> None:
         raise ValueError(f"output_path {path!r} cannot be written: no write permission on {str(probe)!r}")
 
 
-class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
+class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperator):
     """Read every shard of a Kinesis stream from its checkpoint to the cutoff into Parquet, exactly once.
 
     One run is one batch of the batch protocol: **plan** (committed checkpoints + shard lineage,
@@ -82,7 +84,15 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     :param consumer_name: the consumer (application) name: the namespace of the checkpoints (templated).
     :param checkpoint_table: DynamoDB table of the checkpoints; created on first use (templated).
     :param output_path: root of the output; batch ``N`` goes to ``{output_path}/batch_id=N``. Any
-        path Spark's Parquet writer takes (local, ``s3a://``, ...) (templated).
+        path Spark's Parquet writer takes (local, ``s3a://``, ...) (templated). For
+        ``output_format="delta"`` the Delta table's location; for ``iceberg`` where Spark writes
+        the table's files (and the table's location when it is created).
+    :param output_format: ``parquet`` (default), ``iceberg`` or ``delta``; with ``table``,
+        ``catalog_conn_id``, ``catalog_properties``, ``partition_by``, ``max_records_per_file``
+        and ``storage_options``: see :class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`
+        and docs/output.md. A table commit adds the batch's files (one Iceberg snapshot or Delta
+        version per batch, recording stream, consumer and batch id) before the checkpoints
+        advance; a re-run of a batch already in the table adds nothing.
     :param transform: optional ``package.module:function`` taking and returning a pyspark
         DataFrame, applied before the write (templated).
     :param cutoff: records arriving at or after this time are left for the next batch (ISO 8601 or
@@ -169,7 +179,10 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         ``cutoff``, ``reused_plan``,
         ``shards`` (per shard: ``records``, ``bytes``, ``first``, ``last``, ``checkpoint``,
         ``stop_reason``, ``shard_end``), ``waiting_shards`` (shard id -> reason) and
-        ``lost_shards`` and ``trim_gaps`` (what was passed over with ``allow_data_loss``).
+        ``lost_shards`` and ``trim_gaps`` (what was passed over with ``allow_data_loss``);
+        for a committed batch also ``output_format`` and ``table`` (``format``, ``table``: the
+        identifier, ``snapshot_id`` (Iceberg) or ``version`` (Delta), ``files`` added,
+        ``already_committed``; ``None`` for a batch without records).
     :raises ValueError: bad arguments (names, caps, transform, output path), before anything is read.
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
     :raises AirflowFailException: (no retry) another run of this consumer moved the checkpoints
@@ -180,6 +193,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = (
+        *OUTPUT_TEMPLATE_FIELDS,
         "stream_name",
         "consumer_name",
         "checkpoint_table",
@@ -230,9 +244,20 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         deferrable: bool | None = None,
         poke_interval: float = 10.0,
         job_start_timeout: float = 600.0,
+        output_format: str = "parquet",
+        table: str | None = None,
+        catalog_conn_id: str | None = None,
+        catalog_properties: dict[str, str] | None = None,
+        partition_by: Sequence[str] | None = None,
+        max_records_per_file: int = 0,
+        storage_options: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self._init_output(
+            output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
+            partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
+        )  # fmt: skip
         self.deferrable = deferrable
         self.poke_interval = poke_interval
         self.job_start_timeout = job_start_timeout
@@ -293,6 +318,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         if not self.output_path or not isinstance(self.output_path, str):
             raise ValueError("output_path is required: a directory Spark can write Parquet to")
         _check_local_output(self.output_path)
+        self.validate_output()
         for name in ("cutoff", "initial_timestamp"):
             value = getattr(self, name)
             if value:
@@ -313,9 +339,9 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         self.validate()
         try:
             summary = self._run_batch(context)
-        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError) as err:
-            # A retry cannot help: another writer won, the job disagrees with its plan, or
-            # records would be lost. Fail without retries; nothing was committed.
+        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError, TableCommitError) as err:
+            # A retry cannot help: another writer won, the job disagrees with its plan, records
+            # would be lost, or the batch's files do not fit the table. Fail without retries; nothing was committed.
             raise AirflowFailException(str(err)) from err
         self._publish(context, summary)
         return summary
@@ -332,7 +358,8 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             region = self.region_name or self.kinesis_hook.conn_region_name
         except Exception:  # noqa: BLE001 - lineage must not fail for want of a region
             region = self.region_name
-        return operator_lineage(stream_name=self.stream_name, region=region, output_path=self.output_path, summary=self._outcome)
+        return operator_lineage(stream_name=self.stream_name, region=region, output_path=self.output_path, summary=self._outcome,
+                                table=self.table or self.output_path, output_format=self.output_format)  # fmt: skip
 
     def _run_batch(self, context: Context) -> dict[str, Any]:
         store = self._store()
@@ -387,7 +414,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
         :raises AirflowException: the job ended without a report (retryable: the plan stays pending).
         """
         self.validate()
-        summary = commit_event(self._store(), event, self.lease_seconds, reused=reused)
+        summary = commit_event(self._store(), event, self.lease_seconds, reused=reused, sink=self.sink)
         self._publish(context, summary)
         return summary
 
@@ -413,6 +440,7 @@ class KinesisToSparkOperator(ConsumerHooksMixin, BaseOperator):
             allow_data_loss=self.allow_data_loss,
             lease_seconds=self.lease_seconds,
             min_call_interval=self.min_call_interval,
+            sink=self.sink,
         )
 
     @cached_property
@@ -569,7 +597,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         settings = WindowSettings(
             stream_name=self.stream_name, consumer_name=self.consumer_name, output_root=self.output_path,
             start=start, end=end, time_slices=self.time_slices, slice_length=self.slice_length, parallelism=parallelism,
-            allow_data_loss=self.allow_data_loss, min_call_interval=self.min_call_interval,
+            allow_data_loss=self.allow_data_loss, min_call_interval=self.min_call_interval, sink=self.sink,
         )  # fmt: skip
         if not self.checkpoint_table:
             return run_window(self.kinesis_hook.conn, self.spark_job, settings)

@@ -44,6 +44,7 @@ from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
 from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 
 __all__ = ["KinesisPlanBatchOperator", "KinesisCommitBatchOperator", "kinesis_batch_task_group", "JOB_ARGUMENTS_KEY"]
@@ -138,7 +139,7 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
             self.skip(ti=context["ti"], tasks=skip)
 
 
-class KinesisCommitBatchOperator(ConsumerHooksMixin, BaseOperator):
+class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperator):
     """The commit task of a split task group: commit the batch its plan task handed over.
 
     Reads the plan task's XCom; when a job ran, claims the batch back, validates the report the
@@ -152,7 +153,12 @@ class KinesisCommitBatchOperator(ConsumerHooksMixin, BaseOperator):
     :param consumer_name: the consumer (templated).
     :param checkpoint_table: the checkpoint table (templated).
     :param plan_task_id: the plan task (its XCom return value).
-    :param output_path: the output root, for the asset event (templated; ``None``: no asset).
+    :param output_path: the output root (templated): the committed records of Parquet batches, the
+        Delta table, the Iceberg table's files; the asset event. ``None``: no asset and, for
+        Parquet, no committed record.
+    :param output_format: and the other output settings (``table``, ``catalog_conn_id``, ...): the
+        plan task's, for the table commit this task makes before the checkpoint commit
+        (:class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`).
     :param output_asset: declare the output root as an Asset outlet (as :class:`KinesisToSparkOperator`).
     :param deferrable: wait in the triggerer while the job runs (default: Airflow's
         ``[operators] default_deferrable``).
@@ -168,7 +174,9 @@ class KinesisCommitBatchOperator(ConsumerHooksMixin, BaseOperator):
         not match the plan.
     """
 
-    template_fields: Sequence[str] = ("stream_name", "consumer_name", "checkpoint_table", "output_path", "aws_conn_id", "region_name")
+    template_fields: Sequence[str] = (
+        *OUTPUT_TEMPLATE_FIELDS, "stream_name", "consumer_name", "checkpoint_table", "output_path", "aws_conn_id", "region_name",
+    )  # fmt: skip
     ui_color = "#f4a460"
 
     def __init__(
@@ -176,9 +184,16 @@ class KinesisCommitBatchOperator(ConsumerHooksMixin, BaseOperator):
         output_path: str | None = None, output_asset: bool = True,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False), poke_interval: float = 10.0,
         job_start_timeout: float = 600.0, aws_conn_id: str | None = "aws_default", region_name: str | None = None,
+        output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
+        catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
+        max_records_per_file: int = 0, storage_options: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
+        self._init_output(
+            output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
+            partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
+        )  # fmt: skip
         self.stream_name = stream_name
         self.consumer_name = consumer_name
         self.checkpoint_table = checkpoint_table
@@ -220,12 +235,23 @@ class KinesisCommitBatchOperator(ConsumerHooksMixin, BaseOperator):
                 ),
                 method_name="execute_complete",
             )  # fmt: skip
-        return self._done(context, commit_or_raise(store, batch_id, owner, lease, reused=bool(handoff.get("reused_plan"))))
+        summary = commit_or_raise(store, batch_id, owner, lease, reused=bool(handoff.get("reused_plan")), sink=self._sink())
+        return self._done(context, summary)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         handoff = self._handoff(context)
-        summary = commit_event(self._store(), event, float(handoff["lease_seconds"]), reused=bool(handoff.get("reused_plan")))
+        summary = commit_event(self._store(), event, float(handoff["lease_seconds"]), reused=bool(handoff.get("reused_plan")),
+                               sink=self._sink())  # fmt: skip
         return self._done(context, summary)
+
+    def _sink(self) -> Any:
+        """The output form (``None`` without an output path: plain Parquet, no committed record)."""
+        if not self.output_path:
+            if self.output_format != "parquet":
+                raise AirflowFailException(f"output_format {self.output_format!r} needs output_path on the commit task")
+            return None
+        self.validate_output()
+        return self.sink
 
     def _done(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         if self.output_path:
@@ -246,6 +272,13 @@ def kinesis_batch_task_group(
     aws_conn_id: str | None = "aws_default",
     region_name: str | None = None,
     commit_kwargs: dict[str, Any] | None = None,
+    output_format: str = "parquet",
+    table: str | None = None,
+    catalog_conn_id: str | None = None,
+    catalog_properties: dict[str, str] | None = None,
+    partition_by: Sequence[str] | None = None,
+    max_records_per_file: int = 0,
+    storage_options: dict[str, str] | None = None,
     **plan_kwargs: Any,
 ) -> TaskGroup:
     """Plan, job and commit tasks of one incremental batch, as a task group ``group_id``.
@@ -263,22 +296,29 @@ def kinesis_batch_task_group(
         task's ``retry_delay`` so a retry finds an expired lease.
     :param commit_kwargs: extra arguments of :class:`KinesisCommitBatchOperator` (``poke_interval``,
         ``job_start_timeout``, ``retries``, ...).
+    :param output_format: and ``table``, ``catalog_conn_id``, ``catalog_properties``,
+        ``partition_by``, ``max_records_per_file``, ``storage_options``: the output settings, given
+        to the plan task (stored in the plan: what the job writes) and the commit task (the table
+        commit) alike.
     :param plan_kwargs: arguments of :class:`KinesisPlanBatchOperator` (cutoff, initial position,
         caps, transform, reader options, ...).
     :returns: the task group (plan >> job >> commit; the commit runs when the job was skipped).
     """
+    output = {"output_format": output_format, "table": table, "catalog_conn_id": catalog_conn_id,
+              "catalog_properties": catalog_properties, "partition_by": partition_by,
+              "max_records_per_file": max_records_per_file, "storage_options": storage_options}  # fmt: skip
     with TaskGroup(group_id) as group:
         plan = KinesisPlanBatchOperator(
             task_id="plan", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,
             output_path=output_path, lease_seconds=lease_seconds, aws_conn_id=aws_conn_id, region_name=region_name,
-            **plan_kwargs,
+            **output, **plan_kwargs,
         )  # fmt: skip
         job_task = job(plan.output[JOB_ARGUMENTS_KEY])
         plan.job_task_ids = [job_task.task_id]
         commit = KinesisCommitBatchOperator(
             task_id="commit", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,
             plan_task_id=plan.task_id, output_path=output_path, deferrable=deferrable, aws_conn_id=aws_conn_id,
-            region_name=region_name, trigger_rule="none_failed", **(commit_kwargs or {}),
+            region_name=region_name, trigger_rule="none_failed", **output, **(commit_kwargs or {}),
         )  # fmt: skip
         plan >> job_task >> commit
     return group

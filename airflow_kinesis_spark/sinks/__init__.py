@@ -1,0 +1,251 @@
+"""Output forms: where a batch's rows go and how they become visible (the protocol's *sink*).
+
+Spark always writes a batch's Parquet files into the batch's output location (staged, then
+published by a rename; ``core.job``). What makes them *visible* to readers is the sink's commit,
+made on the Airflow side (the operator or the commit task) between the job's report and the
+checkpoint commit, so a crash between the two rolls forward:
+
+``parquet``
+    Today's layout, ``{output_path}/batch_id=N``. After the checkpoint commit the batch gets its
+    committed record, ``{output_path}/_committed/batch_id=N/manifest`` (one data-file URI per
+    line: the layout of Hive's ``SymlinkTextInputFormat``, which Athena, Trino and Hive read),
+    and a ``_SUCCESS`` marker. A batch folder without them is not committed: readers that do
+    not ask DynamoDB follow the records (:mod:`~airflow_kinesis_spark.sinks.parquet`).
+``iceberg``
+    An Apache Iceberg table in a catalog (Glue, SQL, REST: any ``pyiceberg`` catalog). One
+    snapshot per batch adds the batch's files; its summary records stream, consumer and batch id,
+    and a batch already in the table is never added again (:mod:`~airflow_kinesis_spark.sinks.iceberg`).
+``delta``
+    A Delta Lake table at ``output_path``. One commit per batch carries the transaction
+    identifier (``txn``: app id from stream and consumer, version = batch id), so a retried
+    commit adds nothing (:mod:`~airflow_kinesis_spark.sinks.delta`).
+
+The Spark side needs no table format jar: the job writes plain Parquet, one file per table
+partition (:class:`OutputSpec`, stored in the plan), and the table commit uses ``pyiceberg`` or
+``deltalake`` on the worker.
+
+No Airflow import: the protocol (``core``) and the commit task use this package.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "OUTPUT_FORMATS",
+    "PARTITION_TRANSFORMS",
+    "PartitionField",
+    "OutputSpec",
+    "Sink",
+    "parse_partition_field",
+    "TableCommit",
+    "build_sink",
+]
+
+#: The ``output_format`` values.
+OUTPUT_FORMATS = ("parquet", "iceberg", "delta")
+
+#: Partition transforms the job can compute (Iceberg's names; ``date`` is a ``DATE`` column for
+#: Delta). ``bucket``/``truncate`` are not among them: Spark has no built-in Iceberg bucket hash.
+PARTITION_TRANSFORMS = ("identity", "year", "month", "day", "hour", "date")
+
+_FIELD = re.compile(r"^\s*(?:(?P<transform>[a-z]+)\s*\(\s*(?P<source>[A-Za-z_][A-Za-z0-9_]*)\s*\)|(?P<column>[A-Za-z_][A-Za-z0-9_]*))\s*$")
+
+
+@dataclass(frozen=True)
+class PartitionField:
+    """One partition field: ``transform(source)`` written to a column ``name`` by the job.
+
+    :param transform: one of :data:`PARTITION_TRANSFORMS`.
+    :param source: the output column it is computed from (after the transform).
+    :param name: the column the job partitions its files by (Spark's ``partitionBy`` moves it into
+        the directory name). For Iceberg a hidden ``_p{i}`` (the source column stays in the file,
+        where Iceberg reads the partition value from its statistics); for Delta the table's
+        partition column itself.
+    """
+
+    transform: str
+    source: str
+    name: str
+
+    def to_list(self) -> list[str]:
+        return [self.transform, self.source, self.name]
+
+
+def parse_partition_field(text: str) -> tuple[str, str]:
+    """``"day(approximate_arrival_timestamp)"`` -> ``("day", "approximate_arrival_timestamp")``;
+    a bare column name is ``identity``.
+
+    :raises ValueError: an unknown transform or a malformed field (naming the ones supported).
+    """
+    match = _FIELD.match(text or "")
+    if not match:
+        raise ValueError(f"partition field {text!r}: expected a column name or transform(column), "
+                         f"transform one of {', '.join(PARTITION_TRANSFORMS)}")  # fmt: skip
+    if match["column"]:
+        return "identity", match["column"]
+    if match["transform"] not in PARTITION_TRANSFORMS:
+        raise ValueError(f"partition field {text!r}: transform {match['transform']!r} is not supported; use one of "
+                         f"{', '.join(PARTITION_TRANSFORMS)} (bucket and truncate need Iceberg's own writer)")  # fmt: skip
+    return match["transform"], match["source"]
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What the Spark job needs to know to write files for a sink; stored in the batch's plan.
+
+    :param format: one of :data:`OUTPUT_FORMATS`.
+    :param partition: the fields the job partitions files by (one file holds one partition).
+    :param max_records_per_file: Spark's ``maxRecordsPerFile`` (0: no cap); with ``partition``,
+        each partition's rows go to one task, so a batch writes one file per partition value
+        unless this cap splits it.
+    :param derived: ``(name, transform, source)`` columns the job adds to every row when the
+        transform did not make them (Delta's default ``arrival_date``).
+    """
+
+    format: str = "parquet"
+    partition: tuple[PartitionField, ...] = ()
+    max_records_per_file: int = 0
+    derived: tuple[tuple[str, str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.format not in OUTPUT_FORMATS:
+            raise ValueError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}; got {self.format!r}")
+        for transform in [f.transform for f in self.partition] + [d[1] for d in self.derived]:
+            if transform not in PARTITION_TRANSFORMS:
+                raise ValueError(f"partition transform {transform!r} is not one of {', '.join(PARTITION_TRANSFORMS)}")
+        if isinstance(self.max_records_per_file, bool) or not isinstance(self.max_records_per_file, int) or self.max_records_per_file < 0:
+            raise ValueError(f"max_records_per_file must be an integer >= 0 (0: no cap); got {self.max_records_per_file!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "partition": [f.to_list() for f in self.partition],
+                "max_records_per_file": self.max_records_per_file, "derived": [list(d) for d in self.derived]}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> OutputSpec:
+        """The spec stored in a plan (``None``: plans of earlier versions, Parquet)."""
+        if not data:
+            return cls()
+        return cls(
+            format=data.get("format", "parquet"),
+            partition=tuple(PartitionField(*f) for f in data.get("partition", ())),
+            max_records_per_file=int(data.get("max_records_per_file", 0)),
+            derived=tuple(tuple(d) for d in data.get("derived", ())),  # type: ignore[misc]
+        )
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """The outcome of a sink's commit of one batch (or window), for the summary, XCom and assets.
+
+    :param format: the output format.
+    :param table: the table's identifier (Iceberg ``namespace.table``, Delta table URI; Parquet:
+        the output root).
+    :param snapshot_id: Iceberg: the snapshot holding the batch.
+    :param version: Delta: the table version holding the batch.
+    :param files: data files the commit added (0 when the batch was in the table already).
+    :param already_committed: the batch was in the table already (a re-run): nothing added.
+    """
+
+    format: str
+    table: str
+    snapshot_id: int | None = None
+    version: int | None = None
+    files: int = 0
+    already_committed: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "table": self.table, "snapshot_id": self.snapshot_id, "version": self.version,
+                "files": self.files, "already_committed": self.already_committed, **dict(self.extra)}  # fmt: skip
+
+
+class Sink:
+    """What the protocol asks of an output form (the base is the no-op of plain Parquet without
+    committed records, used by protocol tests).
+
+    Every method is idempotent: the protocol calls them again when it rolls a batch forward.
+    """
+
+    format = "parquet"
+
+    def output_spec(self) -> OutputSpec:
+        """What the job writes (stored in each plan)."""
+        return OutputSpec(self.format)
+
+    @property
+    def table(self) -> str:
+        """The table's identifier (for summaries, assets and lineage)."""
+        return ""
+
+    def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit | None:
+        """Make batch ``plan`` visible in the table before its checkpoints advance; a batch already
+        in the table adds nothing. Called only for batches with records."""
+        return None
+
+    def after_checkpoint_commit(self, plan: Any, reports: Sequence[Any]) -> None:
+        """After the checkpoints advanced (Parquet: write the committed record)."""
+
+    def repair(self, store: Any, head: Any) -> None:
+        """Before a run plans: finish what a crash after the last checkpoint commit left undone."""
+
+    def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit | None:
+        """Replace the window's rows in the table with the window's files, atomically."""
+        return None
+
+
+def build_sink(
+    output_format: str,
+    output_path: str,
+    *,
+    table: str | None = None,
+    catalog_properties: Mapping[str, str] | None = None,
+    partition_by: Sequence[str] | None = None,
+    max_records_per_file: int = 0,
+    storage_options: Mapping[str, str] | None = None,
+) -> Sink:
+    """The sink of an operator's output settings.
+
+    :param output_format: ``parquet``, ``iceberg`` or ``delta``.
+    :param output_path: Parquet: the output root; Iceberg: where Spark writes the files (and the
+        table's location when it is created); Delta: the table's location.
+    :param table: Iceberg only: ``namespace.table``.
+    :param catalog_properties: Iceberg only: pyiceberg catalog properties (``type``, ``uri``, ...).
+    :param partition_by: Iceberg: fields (default ``day(approximate_arrival_timestamp)``); Delta:
+        columns (default ``arrival_date``); not for Parquet.
+    :raises ValueError: naming the setting, the problem and the fix.
+    """
+    if output_format not in OUTPUT_FORMATS:
+        raise ValueError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
+    if isinstance(max_records_per_file, bool) or not isinstance(max_records_per_file, int) or max_records_per_file < 0:
+        raise ValueError(f"max_records_per_file must be an integer >= 0 (0: no cap); got {max_records_per_file!r}")
+    if isinstance(partition_by, str):
+        raise ValueError(f"partition_by must be a list of fields, e.g. [{partition_by!r}]; got a string")
+    if output_format == "parquet":
+        if table or catalog_properties or partition_by or max_records_per_file:
+            raise ValueError("table, catalog, partition_by and max_records_per_file apply to output_format 'iceberg' or "
+                             "'delta'; the parquet output writes {output_path}/batch_id=N folders")  # fmt: skip
+        from airflow_kinesis_spark.sinks.parquet import ParquetSink
+
+        return ParquetSink(output_path, storage_options)
+    if output_format == "iceberg":
+        if not table:
+            raise ValueError("output_format 'iceberg' needs table: the Iceberg identifier 'namespace.table'")
+        if not catalog_properties or not catalog_properties.get("type") and not catalog_properties.get("uri"):
+            raise ValueError("output_format 'iceberg' needs a catalog: catalog_conn_id or catalog_properties with pyiceberg's "
+                             "catalog properties, e.g. {'type': 'sql', 'uri': 'sqlite:////path/catalog.db'} or "
+                             "{'type': 'glue'}")  # fmt: skip
+        from airflow_kinesis_spark.sinks.iceberg import DEFAULT_PARTITION, IcebergSink
+
+        return IcebergSink(table, catalog_properties, output_path, partition_by=DEFAULT_PARTITION if partition_by is None else partition_by,
+                           storage_options=storage_options, max_records_per_file=max_records_per_file)  # fmt: skip
+    if table or catalog_properties:
+        raise ValueError("output_format 'delta' takes no table or catalog: the Delta table is at output_path")
+    from airflow_kinesis_spark.sinks.delta import DEFAULT_PARTITION as DELTA_PARTITION
+    from airflow_kinesis_spark.sinks.delta import DeltaSink
+
+    return DeltaSink(output_path, partition_by=DELTA_PARTITION if partition_by is None else partition_by,
+                     storage_options=storage_options, max_records_per_file=max_records_per_file)  # fmt: skip

@@ -1,0 +1,287 @@
+"""Delta Lake tables, committed with ``deltalake`` (delta-rs) on the worker: one commit per batch.
+
+- **Table.** At ``output_path`` (local, ``s3://``). Created by the first batch's commit with the
+  schema of its files, partitioned by the DAG author's columns (default ``arrival_date``, the UTC
+  date of ``approximate_arrival_timestamp``, which the job adds to every row).
+- **Files.** Spark writes Parquet under ``{output_path}/batch_id=N``, one partition per file;
+  the partition columns stay in the files too (as Delta's IcebergCompat writers keep them), and
+  each file's add action carries its partition values, size and column statistics (from the
+  Parquet footer).
+- **Exactly once.** The commit of batch N carries the transaction identifier
+  ``txn(appId = airflow-kinesis-spark:{stream}:{consumer}, version = N)``. Before committing,
+  ``DeltaTable.transaction_version(appId)`` is read: ``>= N`` means the batch is in the table
+  (a re-run after a crash between the table commit and the checkpoint commit, or after an
+  ambiguous commit) and nothing is added. Concurrent writers conflict through delta-rs's commit
+  protocol; on S3 that needs a locking provider or conditional writes in ``storage_options``
+  (delta-rs: ``AWS_S3_LOCKING_PROVIDER=dynamodb`` with ``DELTA_DYNAMO_TABLE_NAME``, or
+  ``aws_conditional_put``), as the library documents.
+- **Windows.** One commit removes the table's files of this stream that lie wholly inside the
+  window (by their ``approximate_arrival_timestamp`` statistics) and adds the window's files. A
+  file that straddles the window's bounds cannot be removed without rewriting it: the commit fails
+  naming it (write windows to their own table, or align them with the files).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime, timezone
+from typing import Any
+from urllib.parse import unquote
+
+from airflow_kinesis_spark.exceptions import TableCommitError
+from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit
+from airflow_kinesis_spark.sinks.files import DataFile, filesystem, list_data_files, table_uri
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DeltaSink", "app_id", "DEFAULT_PARTITION", "ARRIVAL_DATE"]
+
+#: The column the job adds for the default partitioning: the UTC date of arrival.
+ARRIVAL_DATE = "arrival_date"
+DEFAULT_PARTITION = (ARRIVAL_DATE,)
+
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+#: Attempts of a commit that conflicts with a concurrent writer's (each on the reloaded table).
+COMMIT_ATTEMPTS = 5
+
+
+class _TableExists(Exception):
+    """A concurrent writer created the table first."""
+
+
+def app_id(stream_name: str, consumer_name: str) -> str:
+    """The Delta transaction's application id of a (stream, consumer)."""
+    return f"airflow-kinesis-spark:{stream_name}:{consumer_name}"
+
+
+class DeltaSink(Sink):
+    """Batches as Delta commits (module doc).
+
+    :param location: the table's URI (the operator's ``output_path``).
+    :param partition_by: partition column names (after the transform; ``arrival_date`` is added
+        by the job when the transform does not make it). Empty: unpartitioned.
+    :param storage_options: delta-rs storage options (credentials, endpoint, locking provider).
+    :param max_records_per_file: Spark's ``maxRecordsPerFile`` (0: no cap).
+    """
+
+    format = "delta"
+
+    def __init__(
+        self, location: str, *, partition_by: Sequence[str] = DEFAULT_PARTITION,
+        storage_options: Mapping[str, str] | None = None, max_records_per_file: int = 0,
+    ) -> None:  # fmt: skip
+        self.location = location.rstrip("/")
+        self.uri = table_uri(self.location)
+        for name in partition_by:
+            if not name.isidentifier():
+                raise ValueError(f"partition_by: Delta partitions by column names; got {name!r}")
+        self.partition_by = tuple(partition_by)
+        self.storage_options = dict(storage_options or {})
+        self.max_records_per_file = max_records_per_file
+
+    @property
+    def table(self) -> str:
+        return self.uri
+
+    def output_spec(self) -> OutputSpec:
+        derived = ((ARRIVAL_DATE, "date", "approximate_arrival_timestamp"),) if ARRIVAL_DATE in self.partition_by else ()
+        partition = tuple(PartitionField("identity", name, f"_p{i}") for i, name in enumerate(self.partition_by))
+        return OutputSpec("delta", partition, self.max_records_per_file, derived)
+
+    def load(self) -> Any:
+        """The ``DeltaTable``, or ``None`` when there is no table at the location yet."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+
+    def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
+        """Commit batch ``plan``'s files with its transaction identifier, unless the table has it.
+        A commit that conflicts with a concurrent writer's is retried on the reloaded table
+        (after the same check), up to :data:`COMMIT_ATTEMPTS` times.
+
+        :raises TableCommitError: no data file, a file outside the table, or a schema mismatch.
+        :raises deltalake.exceptions.CommitFailedError: still conflicting after the last attempt.
+        """
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        app = app_id(plan.stream_name, plan.consumer_name)
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self.load()
+            if table is not None:
+                done = table.transaction_version(app)
+                if done is not None and done >= plan.batch_id:
+                    log.info("table %s: batch %d is in the table already (transaction %s at version %d); nothing added",
+                             self.uri, plan.batch_id, app, done)  # fmt: skip
+                    return TableCommit("delta", self.uri, version=table.version(), already_committed=True)
+            properties = CommitProperties(
+                app_transactions=[Transaction(app, plan.batch_id)],
+                custom_metadata={"kinesis-spark.stream": plan.stream_name, "kinesis-spark.consumer": plan.consumer_name,
+                                 "kinesis-spark.batch-id": str(plan.batch_id)},  # fmt: skip
+            )
+            try:
+                return self._commit(table, plan, properties, removes=[])
+            except (CommitFailedError, _TableExists) as err:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                log.warning("table %s: commit conflicted with another writer (%s); retrying on the reloaded table "
+                            "(attempt %d of %d)", self.uri, err, attempt + 1, COMMIT_ATTEMPTS)  # fmt: skip
+        raise AssertionError("unreachable")
+
+    def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
+        """Remove the window's earlier files of this stream and add the window's files, in one commit.
+
+        :raises TableCommitError: a file of the table straddles the window's bounds.
+        """
+        from deltalake import CommitProperties
+
+        table = self.load()
+        removes = [] if table is None else self._window_files(table, plan)
+        label = f"{plan.window_start.isoformat()}/{plan.cutoff.isoformat()}"
+        properties = CommitProperties(custom_metadata={"kinesis-spark.stream": plan.stream_name, "kinesis-spark.window": label})
+        return self._commit(table, plan, properties, removes=removes)
+
+    def _window_files(self, table: Any, plan: Any) -> list[Any]:
+        import pyarrow as pa
+        from deltalake.transaction import RemoveAction
+
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        start, end = plan.window_start, plan.cutoff
+        removes, straddling = [], []
+        now = int(datetime.now(timezone.utc).timestamp() * 1000)
+        for a in actions:
+            if a.get("min.stream_name") is not None and not (a["min.stream_name"] == a["max.stream_name"] == plan.stream_name):
+                continue
+            low, high = a.get("min.approximate_arrival_timestamp"), a.get("max.approximate_arrival_timestamp")
+            if low is None or high is None:
+                straddling.append(a["path"])
+            elif start <= low and high < end:
+                partition = {k.removeprefix("partition."): _partition_text(v) for k, v in a.items() if k.startswith("partition.")}
+                removes.append(RemoveAction(a["path"], True, now, a["size_bytes"], partition))
+            elif low < end and high >= start:
+                straddling.append(a["path"])
+        if straddling:
+            raise TableCommitError(
+                f"table {self.uri}: {len(straddling)} files hold rows both inside and outside window "
+                f"[{start.isoformat()}, {end.isoformat()}) (or have no arrival-time statistics), e.g. {straddling[0]}; "
+                "a window can replace only whole files. Nothing was committed. Write windows to their own table, or "
+                "choose a window that covers those files' rows."
+            )
+        return removes
+
+    def _commit(self, table: Any, plan: Any, properties: Any, *, removes: list[Any]) -> TableCommit:
+        from deltalake.exceptions import DeltaError, SchemaMismatchError
+        from deltalake.transaction import create_table_with_add_actions
+
+        files = list_data_files(plan.output_location, self.storage_options)
+        if not files:
+            raise TableCommitError(f"batch {plan.batch_id}: {plan.output_location} holds no data file to add to table "
+                                   f"{self.uri}; nothing committed")  # fmt: skip
+        prefix = table_uri(plan.output_location)
+        if not prefix.startswith(self.uri + "/"):
+            raise TableCommitError(f"{plan.output_location} is not inside Delta table {self.uri}: a Delta table's files "
+                                   "live under its location")  # fmt: skip
+        relative = prefix[len(self.uri) + 1 :]
+        spec = self.output_spec()
+        schema = self._schema(files[0])
+        missing = [name for name in self.partition_by if name not in schema.names]
+        if missing:
+            raise TableCommitError(f"partition_by names {missing}, which the batch's files lack (columns: {schema.names})")
+        adds = [self._add_action(f, relative, spec, schema) for f in files]
+        try:
+            if table is None:
+                log.info("creating Delta table %s partitioned by %s", self.uri, list(self.partition_by))
+                try:
+                    create_table_with_add_actions(self.uri, _delta_schema(schema), adds, mode="error",
+                                                  partition_by=list(self.partition_by) or None,
+                                                  storage_options=self.storage_options or None, commit_properties=properties)  # fmt: skip
+                except DeltaError as err:
+                    if self.load() is not None:  # created by a concurrent writer meanwhile
+                        raise _TableExists(str(err)) from err
+                    raise
+                table = self.load()
+            else:
+                table.create_write_transaction([*removes, *adds], mode="append", schema=table.schema(),
+                                               partition_by=table.metadata().partition_columns, commit_properties=properties)  # fmt: skip
+                table.update_incremental()
+        except SchemaMismatchError as err:
+            raise TableCommitError(f"the batch's files do not fit Delta table {self.uri} ({err}). Nothing was committed. "
+                                   "Evolve the table's schema first, or write to a new table.") from err  # fmt: skip
+        log.info("table %s: version %d adds %d files%s", self.uri, table.version(), len(adds),
+                 f", removes {len(removes)}" if removes else "")  # fmt: skip
+        return TableCommit("delta", self.uri, version=table.version(), files=len(adds))
+
+    def _schema(self, file: DataFile) -> Any:
+        import pyarrow.parquet as pq
+
+        filesys, path = filesystem(file.uri, self.storage_options)
+        with filesys.open_input_file(path) as src:
+            return pq.read_schema(src).remove_metadata()
+
+    def _add_action(self, file: DataFile, relative: str, spec: OutputSpec, schema: Any) -> Any:
+        from deltalake.transaction import AddAction
+
+        dirs = dict(part.split("=", 1) for part in posixpath.dirname(file.path).split("/") if "=" in part)
+        values = {}
+        for f in spec.partition:
+            raw = dirs.get(f.name)
+            values[f.source] = None if raw is None or raw == _HIVE_NULL else unquote(raw)
+        return AddAction(f"{relative}/{file.path}", file.size, values, file.mtime_ms, True, json.dumps(self._stats(file, schema)))
+
+    def _stats(self, file: DataFile, schema: Any) -> dict[str, Any]:
+        """Delta's per-file statistics (``numRecords``, ``minValues``, ``maxValues``, ``nullCount``)
+        from the Parquet footer; columns without statistics are left out."""
+        import pyarrow.parquet as pq
+
+        filesys, path = filesystem(file.uri, self.storage_options)
+        with filesys.open_input_file(path) as src:
+            meta = pq.ParquetFile(src).metadata
+        low: dict[str, Any] = {}
+        high: dict[str, Any] = {}
+        nulls: dict[str, int] = {}
+        for rg in range(meta.num_row_groups):
+            group = meta.row_group(rg)
+            for c in range(group.num_columns):
+                column = group.column(c)
+                name = column.path_in_schema
+                stats = column.statistics
+                if "." in name or stats is None:
+                    continue
+                nulls[name] = nulls.get(name, 0) + (stats.null_count or 0)
+                if not stats.has_min_max or isinstance(stats.min, bytes):
+                    continue
+                low[name] = stats.min if name not in low else min(low[name], stats.min)
+                high[name] = stats.max if name not in high else max(high[name], stats.max)
+        return {"numRecords": meta.num_rows, "minValues": {k: _json_value(v) for k, v in low.items()},
+                "maxValues": {k: _json_value(v) for k, v in high.items()}, "nullCount": nulls}  # fmt: skip
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        value = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    if isinstance(value, date):
+        return value.isoformat()
+    return value
+
+
+def _partition_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (date, datetime)):
+        return value.isoformat()
+    return str(value)
+
+
+def _delta_schema(schema: Any) -> Any:
+    from deltalake import Schema
+
+    return Schema.from_arrow(schema)

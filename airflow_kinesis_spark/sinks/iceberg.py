@@ -1,0 +1,232 @@
+"""Apache Iceberg tables, committed with ``pyiceberg`` on the worker: one snapshot per batch.
+
+- **Table.** Identified by ``namespace.table`` in a pyiceberg catalog (``type`` ``glue``,
+  ``sql`` (SQLite file or PostgreSQL), ``rest``, ...: pyiceberg's catalog properties). Created
+  on the first batch with the schema of the batch's files (the output columns plus the
+  transform's) at ``location`` (the operator's ``output_path``), partitioned by the DAG
+  author's fields (default ``day(approximate_arrival_timestamp)``).
+- **Files.** Spark writes Parquet, one partition per file, keeping the source column in the file:
+  ``add_files`` derives each file's partition from the source column's statistics (a hidden
+  ``_p{i}`` column carries the directory name; Spark's ``partitionBy`` on the source column
+  itself would move it out of the file).
+- **Exactly once.** The snapshot that adds batch N records ``kinesis-spark.stream``,
+  ``kinesis-spark.consumer`` and ``kinesis-spark.batch-id`` in its summary (as Flink's Iceberg
+  committer records its checkpoint id). Before adding, the table's snapshots are searched; a batch
+  already there adds nothing (a re-run after a crash between the table commit and the checkpoint
+  commit, or after an ambiguous table commit). A conflicting concurrent commit
+  (``CommitFailedException``) is retried on the refreshed table, after the same search.
+- **Windows.** One transaction deletes the window's rows of this stream
+  (``approximate_arrival_timestamp`` in ``[start, end)``; copy-on-write for files that straddle
+  the window) and adds the window's files: a re-run leaves identical rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_kinesis_spark.core.positions import format_timestamp
+from airflow_kinesis_spark.exceptions import TableCommitError
+from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit, parse_partition_field
+from airflow_kinesis_spark.sinks.files import list_data_files, pyiceberg_io_properties, table_uri
+
+log = logging.getLogger(__name__)
+
+__all__ = ["IcebergSink", "SUMMARY_STREAM", "SUMMARY_CONSUMER", "SUMMARY_BATCH", "SUMMARY_WINDOW", "DEFAULT_PARTITION"]
+
+SUMMARY_STREAM = "kinesis-spark.stream"
+SUMMARY_CONSUMER = "kinesis-spark.consumer"
+SUMMARY_BATCH = "kinesis-spark.batch-id"
+SUMMARY_WINDOW = "kinesis-spark.window"
+
+#: The default partition spec: a day of arrival per partition.
+DEFAULT_PARTITION = ("day(approximate_arrival_timestamp)",)
+
+#: Attempts of a table commit that conflicts with another writer's (each on the refreshed table).
+COMMIT_ATTEMPTS = 5
+
+
+class IcebergSink(Sink):
+    """Batches as Iceberg snapshots (module doc).
+
+    :param table: ``namespace.table`` (the namespace is created if missing).
+    :param catalog_properties: pyiceberg catalog properties (``type``, ``uri``, ``warehouse``, ...);
+        ``name`` is the catalog's name (default ``default``).
+    :param location: the table's location when it is created: the operator's ``output_path``,
+        where Spark writes the batches' files.
+    :param partition_by: partition fields, ``transform(column)`` or a column name (identity);
+        transforms ``year``, ``month``, ``day``, ``hour``, ``identity``.
+    :param storage_options: credentials and endpoint for ``s3://`` files (delta-rs key names).
+    :param max_records_per_file: Spark's ``maxRecordsPerFile`` for the batch's files (0: no cap).
+    :raises ValueError: a malformed table identifier or partition field.
+    """
+
+    format = "iceberg"
+
+    def __init__(
+        self, table: str, catalog_properties: Mapping[str, str], location: str, *,
+        partition_by: Sequence[str] = DEFAULT_PARTITION, storage_options: Mapping[str, str] | None = None,
+        max_records_per_file: int = 0,
+    ) -> None:  # fmt: skip
+        if not table or "." not in table.strip(".") or any(not part for part in table.split(".")):
+            raise ValueError(f"table must be 'namespace.table' (an Iceberg identifier); got {table!r}")
+        self.identifier = table
+        self.catalog_properties = dict(catalog_properties)
+        self.location = location.rstrip("/")
+        self.partition = tuple(
+            PartitionField(transform, source, f"_p{i}") for i, (transform, source) in enumerate(map(parse_partition_field, partition_by))
+        )  # fmt: skip
+        if any(f.transform == "date" for f in self.partition):
+            raise ValueError("partition_by: Iceberg has no 'date' transform; use day(column)")
+        self.storage_options = dict(storage_options or {})
+        self.max_records_per_file = max_records_per_file
+        self._catalog: Any = None
+
+    @property
+    def table(self) -> str:
+        return self.identifier
+
+    def output_spec(self) -> OutputSpec:
+        return OutputSpec("iceberg", self.partition, self.max_records_per_file)
+
+    def catalog(self) -> Any:
+        """The pyiceberg catalog (loaded once)."""
+        if self._catalog is None:
+            from pyiceberg.catalog import load_catalog
+
+            props = {**pyiceberg_io_properties(self.storage_options), **self.catalog_properties}
+            name = props.pop("name", "default")
+            self._catalog = load_catalog(name, **props)
+        return self._catalog
+
+    def load(self) -> Any:
+        """The table, or ``None`` when it does not exist yet."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog().load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
+        """Add batch ``plan``'s files in one snapshot, unless the table holds the batch already.
+
+        :raises TableCommitError: no data file, or the files do not fit the table (schema).
+        :raises pyiceberg.exceptions.CommitFailedException: still conflicting after
+            :data:`COMMIT_ATTEMPTS` attempts.
+        """
+        properties = {SUMMARY_STREAM: plan.stream_name, SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_BATCH: str(plan.batch_id)}
+        return self._commit(plan, properties, lambda table: self._batch_snapshot(table, plan))
+
+    def _batch_snapshot(self, table: Any, plan: Any) -> Any:
+        """The snapshot of ``table`` that added batch ``plan`` (or a later batch of its
+        stream and consumer: snapshots of older ones may have expired), else ``None``."""
+        for snapshot in reversed(table.metadata.snapshots):
+            summary = snapshot.summary.additional_properties if snapshot.summary else {}
+            if summary.get(SUMMARY_STREAM) == plan.stream_name and summary.get(SUMMARY_CONSUMER) == plan.consumer_name:
+                batch = summary.get(SUMMARY_BATCH)
+                if batch is not None and batch.isdigit() and int(batch) >= plan.batch_id:
+                    return snapshot
+        return None
+
+    # -- windows ---------------------------------------------------------------------------
+
+    def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
+        """Replace the window's rows of this stream with the window's files, in one transaction."""
+        from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+
+        label = f"{format_timestamp(plan.window_start)}/{format_timestamp(plan.cutoff)}"
+        properties = {SUMMARY_STREAM: plan.stream_name, SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_WINDOW: label}
+
+        def replace(tx: Any, table_schema: Any) -> None:
+            names = {f.name for f in table_schema.fields}
+            if "approximate_arrival_timestamp" not in names:
+                raise TableCommitError(f"table {self.identifier} has no approximate_arrival_timestamp column: a window "
+                                       "cannot replace its rows (keep the column in the transform's output)")  # fmt: skip
+            where = And(GreaterThanOrEqual("approximate_arrival_timestamp", plan.window_start.isoformat()),
+                        LessThan("approximate_arrival_timestamp", plan.cutoff.isoformat()))  # fmt: skip
+            if "stream_name" in names:
+                where = And(where, EqualTo("stream_name", plan.stream_name))
+            tx.delete(where, snapshot_properties=properties)
+
+        return self._commit(plan, properties, lambda table: None, before_add=replace)
+
+    # -- the commit ------------------------------------------------------------------------
+
+    def _commit(self, plan: Any, properties: dict[str, str], committed: Any, before_add: Any = None) -> TableCommit:
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
+
+        files = list_data_files(plan.output_location, self.storage_options)
+        if not files:
+            raise TableCommitError(f"batch {plan.batch_id}: {plan.output_location} holds no data file to add to table "
+                                   f"{self.identifier}; nothing committed")  # fmt: skip
+        uris = [f.uri for f in files]
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self.load()
+            try:
+                if table is None:
+                    snapshot = self._create_with(files, uris, properties)
+                else:
+                    found = committed(table)
+                    if found is not None:
+                        log.info("table %s: batch %d is in snapshot %d already; nothing added", self.identifier,
+                                 plan.batch_id, found.snapshot_id)  # fmt: skip
+                        return TableCommit("iceberg", self.identifier, snapshot_id=found.snapshot_id, already_committed=True)
+                    snapshot = self._add(table, uris, properties, before_add)
+            except (CommitFailedException, TableAlreadyExistsError) as err:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                log.warning("table %s: commit conflicted with another writer (%s); retrying on the refreshed table "
+                            "(attempt %d of %d)", self.identifier, err, attempt + 1, COMMIT_ATTEMPTS)  # fmt: skip
+                time.sleep(0.05 * attempt)
+                continue
+            log.info("table %s: snapshot %d adds %d files of %s", self.identifier, snapshot.snapshot_id, len(files),
+                     f"batch {plan.batch_id}" if SUMMARY_BATCH in properties else f"window {properties.get(SUMMARY_WINDOW)}")  # fmt: skip
+            return TableCommit("iceberg", self.identifier, snapshot_id=snapshot.snapshot_id, files=len(files))
+        raise AssertionError("unreachable")
+
+    def _add(self, table: Any, uris: list[str], properties: dict[str, str], before_add: Any) -> Any:
+        try:
+            with table.transaction() as tx:
+                if before_add is not None:
+                    before_add(tx, table.schema())
+                tx.add_files(uris, snapshot_properties=properties)
+        except (ValueError, TypeError) as err:
+            raise TableCommitError(
+                f"the batch's files do not fit table {self.identifier} ({err}). Nothing was committed. If the "
+                "transform's columns changed, evolve the table's schema first (ALTER TABLE ... ADD COLUMN) or write to a "
+                "new table."
+            ) from err
+        return table.refresh().current_snapshot()
+
+    def _create_with(self, files: Sequence[Any], uris: list[str], properties: dict[str, str]) -> Any:
+        """Create the table from the first file's schema, partition it, and add ``uris``: one
+        atomic catalog commit (a concurrent creator makes it raise ``TableAlreadyExistsError``)."""
+        import pyarrow.parquet as pq
+        from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, YearTransform
+
+        from airflow_kinesis_spark.sinks.files import filesystem
+
+        transforms = {"identity": IdentityTransform, "year": YearTransform, "month": MonthTransform, "day": DayTransform,
+                      "hour": HourTransform}  # fmt: skip
+        filesys, path = filesystem(files[0].uri, self.storage_options)
+        with filesys.open_input_file(path) as src:
+            schema = pq.read_schema(src).remove_metadata()
+        missing = [f.source for f in self.partition if f.source not in schema.names]
+        if missing:
+            raise TableCommitError(f"partition_by names {missing}, which the batch's files lack (columns: {schema.names})")
+        namespace = self.identifier.rsplit(".", 1)[0]
+        self.catalog().create_namespace_if_not_exists(namespace)
+        log.info("creating Iceberg table %s at %s, partitioned by %s", self.identifier, self.location,
+                 [f"{f.transform}({f.source})" for f in self.partition])  # fmt: skip
+        tx = self.catalog().create_table_transaction(self.identifier, schema=schema, location=table_uri(self.location))
+        with tx.update_spec() as spec:
+            for f in self.partition:
+                spec.add_field(f.source, transforms[f.transform](), f.source if f.transform == "identity" else f"{f.source}_{f.transform}")
+        tx.add_files(uris, snapshot_properties=properties)
+        tx.commit_transaction()
+        return self.catalog().load_table(self.identifier).current_snapshot()

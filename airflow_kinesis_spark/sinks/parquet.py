@@ -1,0 +1,110 @@
+"""Parquet directories, made honest for readers that do not ask DynamoDB.
+
+A batch's folder ``{output_path}/batch_id=N`` may hold a pending or failed batch's files (the
+job published them; the checkpoints did not advance yet, and a re-run overwrites them). Spark
+writes no ``_SUCCESS`` there (``mapreduce.fileoutputcommitter.marksuccessfuljobs=false``). Only
+after the checkpoint commit does the batch get:
+
+- its **committed record** ``{output_path}/_committed/batch_id=N/manifest``: the batch's data
+  files, one URI per line. This is Hive's ``SymlinkTextInputFormat`` layout, so an Athena/Trino
+  table over ``{output_path}/_committed/`` reads committed batches only (docs/output.md has the
+  DDL), and Spark or pyarrow read the listed files;
+- a ``_SUCCESS`` marker in the batch folder.
+
+A crash between the checkpoint commit and these writes is repaired by the next run, before it
+plans (:meth:`ParquetSink.repair`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_kinesis_spark.sinks import Sink, TableCommit
+from airflow_kinesis_spark.sinks.files import exists, list_data_files, write_text
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ParquetSink", "COMMITTED_DIR", "committed_record_location", "committed_files"]
+
+#: The folder of committed records under the output root (a ``_`` folder: readers of the
+#: output root skip it).
+COMMITTED_DIR = "_committed"
+
+
+def committed_record_location(output_root: str, batch_id: int) -> str:
+    """``{output_root}/_committed/batch_id={batch_id}/manifest``."""
+    return f"{output_root.rstrip('/')}/{COMMITTED_DIR}/batch_id={batch_id}/manifest"
+
+
+def committed_files(output_root: str, storage_options: Mapping[str, str] | None = None) -> list[str]:
+    """Every data file of every committed batch under ``output_root``, from the committed records
+    (what a reader without DynamoDB reads; docs/output.md)."""
+    from pyarrow import fs
+
+    from airflow_kinesis_spark.sinks.files import filesystem, read_text
+
+    filesys, root = filesystem(f"{output_root.rstrip('/')}/{COMMITTED_DIR}", storage_options)
+    if filesys.get_file_info(root).type == fs.FileType.NotFound:
+        return []
+    files: list[str] = []
+    for item in sorted(filesys.get_file_info(fs.FileSelector(root, recursive=True)), key=lambda i: i.path):
+        if item.type == fs.FileType.File and item.base_name == "manifest":
+            batch = item.path.rsplit("/", 2)[-2]
+            text = read_text(f"{output_root.rstrip('/')}/{COMMITTED_DIR}/{batch}/manifest", storage_options) or ""
+            files += [line for line in text.splitlines() if line]
+    return files
+
+
+class ParquetSink(Sink):
+    """``{output_path}/batch_id=N`` folders with committed records (module doc).
+
+    :param output_root: the operator's ``output_path``.
+    :param storage_options: credentials and endpoint for an ``s3://`` root (:mod:`~airflow_kinesis_spark.sinks.files`).
+    """
+
+    format = "parquet"
+
+    def __init__(self, output_root: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.output_root = output_root.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+
+    @property
+    def table(self) -> str:
+        return self.output_root
+
+    def after_checkpoint_commit(self, plan: Any, reports: Sequence[Any]) -> None:
+        """Write batch ``plan``'s committed record and ``_SUCCESS`` (a batch with records only)."""
+        if not sum(r.records for r in reports) or not plan.output_location.startswith(self.output_root + "/"):
+            return
+        files = list_data_files(plan.output_location, self.storage_options)
+        if not files:
+            raise RuntimeError(
+                f"batch {plan.batch_id} is committed with {sum(r.records for r in reports)} records but "
+                f"{plan.output_location} holds no data file: the output was removed after the job wrote it. "
+                "Its committed record is not written; re-run the window of this batch to restore the rows."
+            )
+        listing = "".join(f"{plan.output_location}/{f.path}\n" for f in files)
+        write_text(committed_record_location(self.output_root, plan.batch_id), listing, self.storage_options)
+        write_text(f"{plan.output_location}/_SUCCESS", "", self.storage_options)
+        log.info("batch %d: committed record written (%d data files) at %s", plan.batch_id, len(files),
+                 committed_record_location(self.output_root, plan.batch_id))  # fmt: skip
+
+    def repair(self, store: Any, head: Any) -> None:
+        """Write the committed record of the last committed batch when a crash after its
+        checkpoint commit left it unwritten (one existence check per run)."""
+        batch_id = head.committed_batch_id
+        if not batch_id or exists(committed_record_location(self.output_root, batch_id), self.storage_options):
+            return
+        plan = store.committed_plan(head)
+        reports = store.committed_report(head) or []
+        if plan is None or plan.batch_id != batch_id or not sum(r.records for r in reports):
+            return
+        log.warning("batch %d is committed but its committed record is missing (a crash after the checkpoint commit): "
+                    "writing it now", batch_id)  # fmt: skip
+        self.after_checkpoint_commit(plan, reports)
+
+    def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit | None:
+        """Nothing to make visible before the checkpoints advance: the committed record follows them."""
+        return TableCommit(format="parquet", table=self.output_root)
