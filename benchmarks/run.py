@@ -18,7 +18,9 @@ Scenarios (each on its own stream, so each consumer starts at TRIM_HORIZON):
    end-to-end (plan, read, Parquet write, commit: the ``execute`` wall time), the naive
    consumer's is read-only.
 3. **fixed cost per micro-batch**: a run with no new records (no Spark), a small batch cold
-   (spark-submit) and warm (Spark Connect); overheads are beyond the no-data run.
+   (spark-submit) and warm (Spark Connect); overheads are beyond the no-data run. The same new
+   records also go, warm, to an Iceberg table (SQL catalog on SQLite) and a Delta table (own
+   consumers): the table commit's cost is their batch's wall time beyond the Parquet batch's.
 4. **memory**: peak resident memory of the Spark jobs (driver JVM and Python workers, sampled
    every 50 ms) while ingesting two backlogs 4x apart, with a per-shard cap
    (``max_bytes_per_shard``): each batch reads at most the cap per shard, a larger backlog takes
@@ -74,15 +76,15 @@ def use_connections(moto: str, kinesis_endpoint: str, spark_connect: tuple[str, 
 
 
 def ingest(stream: str, output: Path, *, connect: bool = False, paced: bool = True,
-           max_bytes_per_shard: int | None = None) -> tuple[dict[str, Any], float]:
+           max_bytes_per_shard: int | None = None, consumer: str = "bench", **output_settings: Any) -> tuple[dict[str, Any], float]:
     """One run of the operator; returns its summary and wall time (seconds)."""
     from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 
     operator = KinesisToSparkOperator(
-        task_id="bench", stream_name=stream, consumer_name="bench", checkpoint_table=f"{stream}-ckpt",
+        task_id="bench", stream_name=stream, consumer_name=consumer, checkpoint_table=f"{stream}-ckpt",
         output_path=str(output), spark_conn_id="spark_connect_bench" if connect else "spark_default",
         spark_conf=SPARK_CONF, max_bytes_per_shard=max_bytes_per_shard,
-        **({} if paced else {"read_bytes_per_second": None}),
+        **({} if paced else {"read_bytes_per_second": None}), **output_settings,
     )  # fmt: skip
     started = time.monotonic()
     summary = operator.execute({})
@@ -265,23 +267,46 @@ def main(argv: list[str] | None = None) -> int:
         stream = "bench-small"
         new_stream(kinesis, stream, args.shards)
         use_connections(moto, throttled.endpoint, connect)
-        costs: dict[str, list[float]] = {"no_data": [], "cold": [], "warm": []}
+        costs: dict[str, list[float]] = {"no_data": [], "cold": [], "warm": [], "warm_iceberg": [], "warm_delta": []}
+        commits: dict[str, list[float]] = {"iceberg": [], "delta": []}
+        # The table outputs: their own consumers (own checkpoints) of the same stream, so each warm
+        # batch of a repetition reads the same new records in each format.
+        tables = {
+            "warm_iceberg": {"consumer": "bench-iceberg", "output_format": "iceberg", "table": "bench.small",
+                             "catalog_properties": {"type": "sql", "uri": f"sqlite:///{work}/catalog.db"}},
+            "warm_delta": {"consumer": "bench-delta", "output_format": "delta"},
+        }  # fmt: skip
         ingest(stream, work / "out-small")  # first run: creates the checkpoint table; not measured
         ingest(stream, work / "out-small", connect=True)  # warms the Spark Connect server's workers
+        for kind, settings in tables.items():  # creates the tables (one first batch each); not measured
+            load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
+            ingest(stream, work / f"out-{kind}", connect=True, **settings)
+        ingest(stream, work / "out-small", connect=True)
         for _ in range(args.repeat):
             summary, wall = ingest(stream, work / "out-small")
             assert summary["status"] == "no_new_records", summary
             costs["no_data"].append(wall)
-            for kind in ("cold", "warm"):
-                load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
-                summary, wall = ingest(stream, work / "out-small", connect=kind == "warm")
+            load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
+            for kind in ("warm", "warm_iceberg", "warm_delta"):  # the same new records, in each format
+                summary, wall = ingest(stream, work / f"out-{kind}" if kind in tables else work / "out-small",
+                                       connect=True, **tables.get(kind, {}))  # fmt: skip
                 assert summary["status"] == "committed", summary
                 costs[kind].append(wall)
+                if kind in tables:
+                    commits[tables[kind]["output_format"]].append(summary["table"]["seconds"])
+            load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
+            summary, wall = ingest(stream, work / "out-small")
+            assert summary["status"] == "committed", summary
+            costs["cold"].append(wall)
+            for kind, settings in tables.items():  # keep the table consumers level with the stream
+                ingest(stream, work / f"out-{kind}", connect=True, **settings)
         medians = {k: statistics.median(v) for k, v in costs.items()}
-        log(f"fixed cost: {costs}")
-        results["fixed_cost"] = {"runs": costs, "median_s": medians,
+        log(f"fixed cost: {costs}; table commits: {commits}")
+        results["fixed_cost"] = {"runs": costs, "median_s": medians, "table_commit_s": commits,
                                  "cold_overhead_s": medians["cold"] - medians["no_data"],
-                                 "warm_overhead_s": medians["warm"] - medians["no_data"]}  # fmt: skip
+                                 "warm_overhead_s": medians["warm"] - medians["no_data"],
+                                 "iceberg_overhead_s": medians["warm_iceberg"] - medians["warm"],
+                                 "delta_overhead_s": medians["warm_delta"] - medians["warm"]}  # fmt: skip
 
         # 4. memory ------------------------------------------------------------------------------
         use_connections(moto, open_proxy.endpoint, connect)
@@ -334,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         "no_data_run_s": round(f["median_s"]["no_data"], 2),
         "cold_overhead_s": round(f["cold_overhead_s"], 2),
         "warm_overhead_s": round(f["warm_overhead_s"], 2),
+        "iceberg_overhead_s": round(f["iceberg_overhead_s"], 2),
+        "delta_overhead_s": round(f["delta_overhead_s"], 2),
+        "iceberg_commit_s": round(statistics.median(f["table_commit_s"]["iceberg"]), 3),
+        "delta_commit_s": round(statistics.median(f["table_commit_s"]["delta"]), 3),
         "peak_memory_ratio": round(results["memory"][1]["peak_total_mib"] / results["memory"][0]["peak_total_mib"], 3),
         "peak_memory_ratio_uncapped": round(
             results["memory_uncapped"][1]["peak_total_mib"] / results["memory_uncapped"][0]["peak_total_mib"], 3

@@ -575,7 +575,11 @@ def _commit(
     table = None
     if sink is not None and sum(r.records for r in reports):
         store.heartbeat(plan.batch_id, owner)  # still this run's batch: a zombie makes no table commit
+        started = time.monotonic()
         table = sink.commit_batch(plan, reports)
+        if table is not None:
+            table = replace(table, seconds=round(time.monotonic() - started, 3))
+            log.info("Batch %d: table commit to %s (%s) in %.3f s", plan.batch_id, table.table, table.format, table.seconds)
     store.commit(plan, checkpoints, owner)
     if sink is not None:
         sink.after_checkpoint_commit(plan, reports)

@@ -148,6 +148,7 @@ class TableCommit:
     :param version: Delta: the table version holding the batch.
     :param files: data files the commit added (0 when the batch was in the table already).
     :param already_committed: the batch was in the table already (a re-run): nothing added.
+    :param seconds: how long the table commit took (the protocol measures it).
     """
 
     format: str
@@ -156,11 +157,13 @@ class TableCommit:
     version: int | None = None
     files: int = 0
     already_committed: bool = False
+    seconds: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "table": self.table, "snapshot_id": self.snapshot_id, "version": self.version,
-                "files": self.files, "already_committed": self.already_committed, **dict(self.extra)}  # fmt: skip
+                "files": self.files, "already_committed": self.already_committed, "seconds": self.seconds,
+                **dict(self.extra)}  # fmt: skip
 
 
 class Sink:
@@ -195,6 +198,13 @@ class Sink:
     def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit | None:
         """Replace the window's rows in the table with the window's files, atomically."""
         return None
+
+    def compact(self, start: Any, end: Any, **options: Any) -> dict[str, Any]:
+        """Rewrite the small files holding rows that arrived in ``[start, end)`` (tables only).
+
+        :raises ValueError: this output form has no table to compact.
+        """
+        raise ValueError(f"output_format {self.format!r} has no table to compact: compaction is for 'iceberg' and 'delta'")
 
 
 def build_sink(

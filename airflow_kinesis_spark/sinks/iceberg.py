@@ -155,6 +155,45 @@ class IcebergSink(Sink):
 
         return self._commit(plan, properties, lambda table: None, before_add=replace)
 
+    def compact(self, start: Any, end: Any) -> dict[str, Any]:
+        """Rewrite the rows with ``approximate_arrival_timestamp`` in ``[start, end)`` into as few
+        files as the table's ``write.target-file-size-bytes`` allows: one overwrite snapshot
+        (copy-on-write, pyiceberg), retried on a conflicting commit.
+
+        Cost: the window's rows are read into the worker's memory (Arrow) and written once; choose
+        windows of a day or less. Older snapshots keep the replaced files until they are expired.
+
+        :returns: ``table``, ``files_before``, ``files_after``, ``rows``, ``snapshot_id`` (``None``
+            when there was nothing to compact: at most one file).
+        """
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
+        where = And(GreaterThanOrEqual("approximate_arrival_timestamp", start.isoformat()),
+                    LessThan("approximate_arrival_timestamp", end.isoformat()))  # fmt: skip
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self.load()
+            if table is None:
+                raise TableCommitError(f"Iceberg table {self.identifier} does not exist: nothing to compact")
+            before = len(list(table.scan(row_filter=where).plan_files()))
+            if before <= 1:
+                return {"table": self.identifier, "files_before": before, "files_after": before, "rows": None, "snapshot_id": None}
+            rows = table.scan(row_filter=where).to_arrow()
+            try:
+                table.overwrite(rows, overwrite_filter=where, snapshot_properties={"kinesis-spark.compaction": f"{start.isoformat()}/{end.isoformat()}"})
+            except CommitFailedException as err:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                log.warning("compaction of %s conflicted with another commit (%s); retrying", self.identifier, err)
+                continue
+            table = table.refresh()
+            after = len(list(table.scan(row_filter=where).plan_files()))
+            log.info("table %s: compacted %d rows of [%s, %s) from %d files into %d (snapshot %d)", self.identifier, rows.num_rows,
+                     start.isoformat(), end.isoformat(), before, after, table.current_snapshot().snapshot_id)  # fmt: skip
+            return {"table": self.identifier, "files_before": before, "files_after": after, "rows": rows.num_rows,
+                    "snapshot_id": table.current_snapshot().snapshot_id}  # fmt: skip
+        raise AssertionError("unreachable")
+
     # -- the commit ------------------------------------------------------------------------
 
     def _commit(self, plan: Any, properties: dict[str, str], committed: Any, before_add: Any = None) -> TableCommit:
@@ -230,3 +269,4 @@ class IcebergSink(Sink):
         tx.add_files(uris, snapshot_properties=properties)
         tx.commit_transaction()
         return self.catalog().load_table(self.identifier).current_snapshot()
+

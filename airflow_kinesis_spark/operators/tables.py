@@ -1,0 +1,78 @@
+"""KinesisTableCompactionOperator: the optional small-file compaction of a table output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_kinesis_spark.core.positions import parse_timestamp
+from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
+
+__all__ = ["KinesisTableCompactionOperator"]
+
+
+class KinesisTableCompactionOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperator):
+    """Compact the small files the micro-batches wrote for rows that arrived in ``[start, end)``.
+
+    - ``iceberg``: one overwrite snapshot rewrites those rows (pyiceberg, copy-on-write) into files
+      of the table's ``write.target-file-size-bytes``. The rows are read into this worker's memory:
+      compact a day or less at a time.
+    - ``delta``: delta-rs ``optimize.compact`` on the partitions of those days (the default
+      ``arrival_date`` partitioning; otherwise the whole table), files of ``target_file_size``.
+
+    Schedule it after the day is complete (e.g. daily, for the previous day). It commits with the
+    table's optimistic concurrency beside the ingestion: a batch commit that conflicts with it is
+    retried by the batch. Replaced files stay until snapshots expire (Iceberg) or ``vacuum``
+    (Delta). Costs: docs/output.md.
+
+    :param output_format: ``iceberg`` or ``delta``; with ``output_path``, ``table``,
+        ``catalog_conn_id``, ``catalog_properties``, ``storage_options`` as the ingestion task's
+        (:class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`).
+    :param start: / :param end: the arrival-time range (ISO 8601 or datetime, UTC; templated).
+        Default: the run's data interval.
+    :param target_file_size: Delta: the files' target size in bytes (``None``: the table's
+        ``delta.targetFileSize``, delta-rs default 100 MiB).
+    :returns: (XCom) ``table``, ``files_before``, ``files_after`` and ``snapshot_id`` (Iceberg) or
+        ``version`` (Delta).
+    :raises ValueError: ``output_format`` ``parquet``, or no range.
+    :raises TableCommitError: the table does not exist.
+    """
+
+    template_fields: Sequence[str] = (*OUTPUT_TEMPLATE_FIELDS, "output_path", "start", "end", "aws_conn_id", "region_name")
+    ui_color = "#f4a460"
+
+    def __init__(
+        self, *, output_format: str, output_path: str, table: str | None = None, catalog_conn_id: str | None = None,
+        catalog_properties: dict[str, str] | None = None, storage_options: dict[str, str] | None = None,
+        start: str | datetime | None = None, end: str | datetime | None = None, target_file_size: int | None = None,
+        aws_conn_id: str | None = "aws_default", region_name: str | None = None, **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self._init_output(output_format=output_format, table=table, catalog_conn_id=catalog_conn_id,
+                          catalog_properties=catalog_properties, storage_options=storage_options)  # fmt: skip
+        self.output_path = output_path
+        self.start = start
+        self.end = end
+        self.target_file_size = target_file_size
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        if self.output_format == "parquet":
+            raise ValueError("output_format 'parquet' has no table to compact: compaction is for 'iceberg' and 'delta'")
+        self.validate_output()
+        start = self.start or context.get("data_interval_start")
+        end = self.end or context.get("data_interval_end")
+        if not start or not end:
+            raise ValueError("start and end are needed (ISO 8601, UTC) when the run has no data interval")
+        start, end = parse_timestamp(start), parse_timestamp(end)
+        if start >= end:
+            raise ValueError(f"start must be before end; got [{start.isoformat()}, {end.isoformat()})")
+        options = {"target_size": self.target_file_size} if self.output_format == "delta" else {}
+        result = self.sink.compact(start, end, **options)
+        self.log.info("Compacted %s: %s", self.sink.table, result)
+        return result

@@ -1,0 +1,81 @@
+"""KinesisTableCompactionOperator on real tables: pyiceberg (SQL catalog on SQLite) and deltalake
+on local files written as the Spark job lays them out (pyarrow writes them here: no Spark)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from airflow_kinesis_spark.core.planner import BatchPlan
+from airflow_kinesis_spark.core.schema import arrow_schema
+from airflow_kinesis_spark.operators.tables import KinesisTableCompactionOperator
+from airflow_kinesis_spark.sinks.delta import DeltaSink
+from airflow_kinesis_spark.sinks.iceberg import IcebergSink
+
+DAY = datetime(2026, 11, 20, tzinfo=timezone.utc)
+
+
+def write_batch(location, batch_id: int, rows: int, *, delta: bool) -> None:
+    """One batch's file, one day per file, under ``_p0=<day>`` as the job writes it."""
+    arrival = [DAY + timedelta(minutes=batch_id, seconds=i) for i in range(rows)]
+    columns = {
+        "stream_name": ["s"] * rows, "shard_id": ["shardId-000000000000"] * rows,
+        "sequence_number": [f"{batch_id:04d}{i:06d}" for i in range(rows)], "sub_sequence_number": [None] * rows,
+        "partition_key": ["k"] * rows, "explicit_hash_key": [None] * rows, "approximate_arrival_timestamp": arrival,
+        "data": [b"x"] * rows,
+    }  # fmt: skip
+    table = pa.table(columns, schema=arrow_schema())
+    if delta:
+        table = table.append_column("arrival_date", pa.array([DAY.date()] * rows, pa.date32()))
+    folder = location / f"batch_id={batch_id}" / f"_p0={DAY.date().isoformat()}"
+    folder.mkdir(parents=True)
+    pq.write_table(table, folder / "part-00000.parquet")
+
+
+def plan(location, batch_id: int) -> BatchPlan:
+    return BatchPlan(batch_id=batch_id, stream_name="s", consumer_name="c", cutoff=DAY + timedelta(days=1), created_at=DAY,
+                     ranges=(), checkpoints={}, output_location=f"{location}/batch_id={batch_id}")  # fmt: skip
+
+
+@pytest.mark.parametrize("output_format", ["iceberg", "delta"])
+def test_compaction_rewrites_a_days_small_files_into_fewer_with_the_same_rows(output_format, tmp_path):
+    location = tmp_path / "table"
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
+    if output_format == "iceberg":
+        sink = IcebergSink("lake.events", catalog, str(location))
+        read = lambda: sink.load().scan().to_arrow()  # noqa: E731
+        files = lambda: len(list(sink.load().scan().plan_files()))  # noqa: E731
+    else:
+        sink = DeltaSink(str(location))
+        read = lambda: pa.table(DeltaTable(str(location)).to_pyarrow_table())  # noqa: E731
+        files = lambda: len(DeltaTable(str(location)).file_uris())  # noqa: E731
+    for batch_id in range(1, 7):  # six micro-batches: six small files in one day partition
+        write_batch(location, batch_id, 50, delta=output_format == "delta")
+        sink.commit_batch(plan(location, batch_id), [])
+    before = sorted(read().column("sequence_number").to_pylist())
+    assert files() == 6 and len(before) == 300
+
+    operator = KinesisTableCompactionOperator(
+        task_id="compact", output_format=output_format, output_path=str(location),
+        table="lake.events" if output_format == "iceberg" else None,
+        catalog_properties=catalog if output_format == "iceberg" else None,
+        start=DAY.isoformat(), end=(DAY + timedelta(days=1)).isoformat(),
+    )  # fmt: skip
+    result = operator.execute({})
+    assert result["files_before"] == 6 and result["files_after"] == 1, result
+    assert files() == 1
+    assert sorted(read().column("sequence_number").to_pylist()) == before  # the same rows, once each
+    # Batches are still found in the table after compaction (a re-run adds nothing).
+    again = sink.commit_batch(plan(location, 6), [])
+    assert again.already_committed and sorted(read().column("sequence_number").to_pylist()) == before
+
+
+def test_compaction_refuses_parquet_output(tmp_path):
+    operator = KinesisTableCompactionOperator(task_id="compact", output_format="parquet", output_path=str(tmp_path),
+                                              start=DAY.isoformat(), end=(DAY + timedelta(days=1)).isoformat())  # fmt: skip
+    with pytest.raises(ValueError, match="no table to compact"):
+        operator.execute({})
