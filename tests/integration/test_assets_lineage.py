@@ -14,6 +14,7 @@ from airflow.sdk import Asset, AssetAlias
 from airflow_kinesis_spark.lineage import (
     asset_event_extra,
     asset_for_output,
+    operator_lineage,
     output_dataset_name,
     output_uri,
     stream_dataset_name,
@@ -99,6 +100,25 @@ def test_window_event_extra_names_the_window():
                                "shards": {"shardId-0": {"records": 3, "slices": 2}}})  # fmt: skip
     assert extra["batch_id"] is None and extra["records"] == 3 and extra["shards"] == {"shardId-0": 3}
     assert extra["window_start"] == "a" and extra["window_end"] == "b"
+
+
+def test_a_table_output_is_named_in_the_event_extra_and_the_lineage():
+    table = {"format": "iceberg", "table": "lake.clicks", "snapshot_id": 42, "version": None, "files": 2,
+             "already_committed": False, "seconds": 0.1}  # fmt: skip
+    summary = {"batch_id": 7, "status": "committed", "stream_name": "s", "records": 3, "bytes": 9, "output_path": "/o/batch_id=7",
+               "shards": {}, "output_format": "iceberg", "table": table}  # fmt: skip
+    extra = asset_event_extra(summary)
+    assert extra["output_format"] == "iceberg" and extra["table"]["table"] == "lake.clicks" and extra["table"]["snapshot_id"] == 42
+    assert "table" not in asset_event_extra({**summary, "output_format": "parquet", "table": None})
+
+    lineage = operator_lineage(stream_name="s", region="eu-west-1", output_path="s3a://lake/clicks", summary=summary,
+                               table="lake.clicks", output_format="iceberg")  # fmt: skip
+    (output,) = lineage.outputs
+    assert (output.namespace, output.name) == ("s3://lake", "clicks")
+    (identifier,) = output.facets["symlinks"].identifiers
+    assert (identifier.name, identifier.type) == ("lake.clicks", "TABLE")
+    plain = operator_lineage(stream_name="s", region="eu-west-1", output_path="s3a://lake/clicks", summary=summary)
+    assert "symlinks" not in plain.outputs[0].facets
 
 
 # -- a real batch --------------------------------------------------------------------------------
