@@ -1,5 +1,6 @@
-"""Table outputs end to end: real spark-submit writes the files, pyiceberg (SQL catalog on SQLite)
-and deltalake commit them on the worker, moto serves Kinesis and DynamoDB over HTTP."""
+"""Table outputs end to end: real Spark writes the files (spark-submit, or a Spark Connect server
+for the recovery tests: warm, so they stay quick), pyiceberg (SQL catalog on SQLite) and
+deltalake commit them on the worker, moto serves Kinesis and DynamoDB over HTTP."""
 
 from __future__ import annotations
 
@@ -66,12 +67,15 @@ def test_batches_commit_one_table_snapshot_each_exactly_once(output_format, aws_
     assert not list(output.rglob("_SUCCESS"))
 
 
-def test_a_crash_between_the_table_commit_and_the_checkpoint_commit_rolls_forward(aws_conn, kinesis, dynamodb, tmp_path, unique_name, monkeypatch):
+def test_a_crash_between_the_table_commit_and_the_checkpoint_commit_rolls_forward(
+    aws_conn, spark_connect_conn, kinesis, dynamodb, tmp_path, unique_name, monkeypatch
+):
     """The table commit succeeded, the checkpoint commit did not (the process died): the re-run
     commits the checkpoints without adding the batch to the table again."""
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"p{i}", f"r{i}".encode()) for i in range(50)])
-    settings = {"output_format": "iceberg", "table": f"lake.{unique_name}", "catalog_properties": catalog(tmp_path)}
+    settings = {"output_format": "iceberg", "table": f"lake.{unique_name}", "catalog_properties": catalog(tmp_path),
+                "spark_conn_id": spark_connect_conn}  # fmt: skip
     output = tmp_path / "table"
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tables")
 
@@ -98,7 +102,9 @@ def test_a_crash_between_the_table_commit_and_the_checkpoint_commit_rolls_forwar
     assert store.head().committed_batch_id == 1
 
 
-def test_parquet_readers_that_follow_the_committed_records_see_only_committed_rows(aws_conn, kinesis, dynamodb, tmp_path, unique_name, monkeypatch):
+def test_parquet_readers_that_follow_the_committed_records_see_only_committed_rows(
+    aws_conn, spark_connect_conn, kinesis, dynamodb, tmp_path, unique_name, monkeypatch
+):
     """A job wrote batch 2's folder, then the run died before the checkpoint commit: a plain
     reader of the folder sees its rows; a reader of the committed records does not."""
     import pyarrow.parquet as pq
@@ -106,7 +112,7 @@ def test_parquet_readers_that_follow_the_committed_records_see_only_committed_ro
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"p{i}", f"r{i}".encode()) for i in range(40)])
     output = tmp_path / "out"
-    ingest(unique_name, output).execute({})
+    ingest(unique_name, output, spark_conn_id=spark_connect_conn).execute({})
     put_plain(kinesis, unique_name, [(f"q{i}", f"s{i}".encode()) for i in range(30)])
 
     def crash(*args, **kwargs):
@@ -115,7 +121,7 @@ def test_parquet_readers_that_follow_the_committed_records_see_only_committed_ro
     with monkeypatch.context() as m:
         m.setattr(DynamoDBCheckpointStore, "commit", crash)
         with pytest.raises(SystemExit):
-            ingest(unique_name, output).execute({})
+            ingest(unique_name, output, spark_conn_id=spark_connect_conn).execute({})
     assert (output / "batch_id=2").is_dir() and not (output / "batch_id=2" / "_SUCCESS").exists()
     assert (output / "batch_id=1" / "_SUCCESS").exists()
     plain = pq.read_table(str(output), partitioning="hive")
@@ -127,7 +133,7 @@ def test_parquet_readers_that_follow_the_committed_records_see_only_committed_ro
 
 
 @pytest.mark.parametrize("output_format", ["iceberg", "delta"])
-def test_a_window_rerun_replaces_its_rows_atomically(output_format, aws_conn, kinesis, dynamodb, tmp_path, unique_name):
+def test_a_window_rerun_replaces_its_rows_atomically(output_format, aws_conn, spark_connect_conn, kinesis, dynamodb, tmp_path, unique_name):
     create_stream(kinesis, unique_name, 2)
     start = datetime.now(timezone.utc) - timedelta(seconds=2)
     produced = put_plain(kinesis, unique_name, [(f"w{i}", f"win {i}".encode()) for i in range(80)])
@@ -135,7 +141,7 @@ def test_a_window_rerun_replaces_its_rows_atomically(output_format, aws_conn, ki
 
     time.sleep(1.1)
     end = datetime.now(timezone.utc)
-    settings = {"output_format": output_format}
+    settings = {"output_format": output_format, "spark_conn_id": spark_connect_conn}
     if output_format == "iceberg":
         settings.update(table=f"lake.{unique_name}", catalog_properties=catalog(tmp_path))
     output = tmp_path / "table"
