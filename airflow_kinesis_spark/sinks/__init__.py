@@ -43,6 +43,7 @@ __all__ = [
     "parse_partition_field",
     "TableCommit",
     "build_sink",
+    "plan_marker",
 ]
 
 #: The ``output_format`` values.
@@ -135,6 +136,15 @@ class OutputSpec:
             max_records_per_file=int(data.get("max_records_per_file", 0)),
             derived=tuple(tuple(d) for d in data.get("derived", ())),  # type: ignore[misc]
         )
+
+
+def plan_marker(plan: Any) -> str:
+    """What identifies one plan of a batch in a table's commit metadata: its creation time (ISO
+    8601, ms). A re-run of the batch re-uses the plan, so it matches; a batch of the same id
+    planned after the checkpoints were reset does not."""
+    from airflow_kinesis_spark.core.positions import format_timestamp
+
+    return format_timestamp(plan.created_at)
 
 
 @dataclass(frozen=True)

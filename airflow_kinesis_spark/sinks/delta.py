@@ -8,10 +8,13 @@
   each file's add action carries its partition values, size and column statistics (from the
   Parquet footer).
 - **Exactly once.** The commit of batch N carries the transaction identifier
-  ``txn(appId = airflow-kinesis-spark:{stream}:{consumer}, version = N)``. Before committing,
-  ``DeltaTable.transaction_version(appId)`` is read: ``>= N`` means the batch is in the table
-  (a re-run after a crash between the table commit and the checkpoint commit, or after an
-  ambiguous commit) and nothing is added. Concurrent writers conflict through delta-rs's commit
+  ``txn(appId = airflow-kinesis-spark:{stream}:{consumer}, version = N)`` and, in its commit
+  info, the batch id and the plan's creation time. Before committing,
+  ``DeltaTable.transaction_version(appId)`` is read: ``>= N`` and the batch's own commit in the
+  table's recent history means the batch is in the table (a re-run after a crash between the
+  table commit and the checkpoint commit, or after an ambiguous commit) and nothing is added;
+  ``>= N`` without it means the table outran the checkpoint store (reset checkpoints): the commit
+  fails (``TableCommitError``) rather than skip or duplicate rows. Concurrent writers conflict through delta-rs's commit
   protocol; on S3 that needs a locking provider or conditional writes in ``storage_options``
   (delta-rs: ``AWS_S3_LOCKING_PROVIDER=dynamodb`` with ``DELTA_DYNAMO_TABLE_NAME``, or
   ``aws_conditional_put``), as the library documents.
@@ -32,7 +35,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from airflow_kinesis_spark.exceptions import TableCommitError
-from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit
+from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit, plan_marker
 from airflow_kinesis_spark.sinks.files import DataFile, filesystem, list_data_files, table_uri
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,11 @@ _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 #: Attempts of a commit that conflicts with a concurrent writer's (each on the reloaded table).
 COMMIT_ATTEMPTS = 5
+#: Commits of the table's history searched for a batch's own commit when its transaction says the
+#: batch is in the table (a re-run comes soon after the table commit it repeats).
+HISTORY_DEPTH = 200
+#: The commit info key holding the plan's creation time (``airflow_kinesis_spark.sinks.plan_marker``).
+PLAN_KEY = "kinesis-spark.plan-created-at"
 
 
 class _TableExists(Exception):
@@ -119,13 +127,14 @@ class DeltaSink(Sink):
             if table is not None:
                 done = table.transaction_version(app)
                 if done is not None and done >= plan.batch_id:
-                    log.info("table %s: batch %d is in the table already (transaction %s at version %d); nothing added",
-                             self.uri, plan.batch_id, app, done)  # fmt: skip
-                    return TableCommit("delta", self.uri, version=table.version(), already_committed=True)
+                    version = self._batch_version(table, plan, done)
+                    log.info("table %s: batch %d is in the table already (version %d, transaction %s at %d); nothing added",
+                             self.uri, plan.batch_id, version, app, done)  # fmt: skip
+                    return TableCommit("delta", self.uri, version=version, already_committed=True)
             properties = CommitProperties(
                 app_transactions=[Transaction(app, plan.batch_id)],
                 custom_metadata={"kinesis-spark.stream": plan.stream_name, "kinesis-spark.consumer": plan.consumer_name,
-                                 "kinesis-spark.batch-id": str(plan.batch_id)},  # fmt: skip
+                                 "kinesis-spark.batch-id": str(plan.batch_id), PLAN_KEY: plan_marker(plan)},  # fmt: skip
             )
             try:
                 return self._commit(table, plan, properties, removes=[])
@@ -135,6 +144,24 @@ class DeltaSink(Sink):
                 log.warning("table %s: commit conflicted with another writer (%s); retrying on the reloaded table "
                             "(attempt %d of %d)", self.uri, err, attempt + 1, COMMIT_ATTEMPTS)  # fmt: skip
         raise AssertionError("unreachable")
+
+    def _batch_version(self, table: Any, plan: Any, done: int) -> int:
+        """The version whose commit added batch ``plan`` (its own plan), from the table's recent
+        history (:data:`HISTORY_DEPTH` commits).
+
+        :raises TableCommitError: not found: the table's transaction is at ``done`` from another
+            checkpoint history.
+        """
+        for commit in table.history(limit=HISTORY_DEPTH):
+            if (commit.get("kinesis-spark.stream") == plan.stream_name and commit.get("kinesis-spark.consumer") == plan.consumer_name
+                    and commit.get("kinesis-spark.batch-id") == str(plan.batch_id) and commit.get(PLAN_KEY) == plan_marker(plan)):
+                return int(commit["version"])
+        raise TableCommitError(
+            f"Delta table {self.uri} records transaction {app_id(plan.stream_name, plan.consumer_name)} at version {done} "
+            f">= batch {plan.batch_id}, but none of its last {HISTORY_DEPTH} commits is this batch's plan: the table is ahead "
+            "of the checkpoint store (its checkpoints were reset or the checkpoint table re-created). Nothing was committed. "
+            "Write to a new table, or use a new consumer name for the new checkpoint history."
+        )
 
     def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
         """Remove the window's earlier files of this stream and add the window's files, in one commit.

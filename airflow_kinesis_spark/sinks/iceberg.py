@@ -10,10 +10,13 @@
   ``_p{i}`` column carries the directory name; Spark's ``partitionBy`` on the source column
   itself would move it out of the file).
 - **Exactly once.** The snapshot that adds batch N records ``kinesis-spark.stream``,
-  ``kinesis-spark.consumer`` and ``kinesis-spark.batch-id`` in its summary (as Flink's Iceberg
-  committer records its checkpoint id). Before adding, the table's snapshots are searched; a batch
-  already there adds nothing (a re-run after a crash between the table commit and the checkpoint
-  commit, or after an ambiguous table commit). A conflicting concurrent commit
+  ``kinesis-spark.consumer``, ``kinesis-spark.batch-id`` and the plan's creation time
+  (``kinesis-spark.plan-created-at``) in its summary (as Flink's Iceberg committer records its
+  checkpoint id). Before adding, the table's snapshots are searched; the batch's own plan already
+  there adds nothing (a re-run after a crash between the table commit and the checkpoint commit,
+  or after an ambiguous table commit). A batch id of this stream and consumer at or beyond N from
+  *another* plan means the table outran the checkpoint store (its checkpoints were reset or
+  re-created): the commit fails (``TableCommitError``) rather than skip or duplicate rows. A conflicting concurrent commit
   (``CommitFailedException``) is retried on the refreshed table, after the same search.
 - **Windows.** One transaction deletes the window's rows of this stream
   (``approximate_arrival_timestamp`` in ``[start, end)``; copy-on-write for files that straddle
@@ -29,7 +32,7 @@ from typing import Any
 
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.exceptions import TableCommitError
-from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit, parse_partition_field
+from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit, parse_partition_field, plan_marker
 from airflow_kinesis_spark.sinks.files import list_data_files, pyiceberg_io_properties, table_uri
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ SUMMARY_STREAM = "kinesis-spark.stream"
 SUMMARY_CONSUMER = "kinesis-spark.consumer"
 SUMMARY_BATCH = "kinesis-spark.batch-id"
 SUMMARY_WINDOW = "kinesis-spark.window"
+SUMMARY_PLAN = "kinesis-spark.plan-created-at"
 
 #: The default partition spec: a day of arrival per partition.
 DEFAULT_PARTITION = ("day(approximate_arrival_timestamp)",)
@@ -119,18 +123,33 @@ class IcebergSink(Sink):
         :raises pyiceberg.exceptions.CommitFailedException: still conflicting after
             :data:`COMMIT_ATTEMPTS` attempts.
         """
-        properties = {SUMMARY_STREAM: plan.stream_name, SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_BATCH: str(plan.batch_id)}
+        properties = {SUMMARY_STREAM: plan.stream_name, SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_BATCH: str(plan.batch_id),
+                      SUMMARY_PLAN: plan_marker(plan)}  # fmt: skip
         return self._commit(plan, properties, lambda table: self._batch_snapshot(table, plan))
 
     def _batch_snapshot(self, table: Any, plan: Any) -> Any:
-        """The snapshot of ``table`` that added batch ``plan`` (or a later batch of its
-        stream and consumer: snapshots of older ones may have expired), else ``None``."""
+        """The snapshot of ``table`` that added batch ``plan`` (its own plan), else ``None``.
+
+        :raises TableCommitError: the table holds batch ``plan.batch_id`` or a later one of this
+            stream and consumer from another plan (the checkpoint store was reset or re-created).
+        """
+        later = None
         for snapshot in reversed(table.metadata.snapshots):
             summary = snapshot.summary.additional_properties if snapshot.summary else {}
-            if summary.get(SUMMARY_STREAM) == plan.stream_name and summary.get(SUMMARY_CONSUMER) == plan.consumer_name:
-                batch = summary.get(SUMMARY_BATCH)
-                if batch is not None and batch.isdigit() and int(batch) >= plan.batch_id:
-                    return snapshot
+            if summary.get(SUMMARY_STREAM) != plan.stream_name or summary.get(SUMMARY_CONSUMER) != plan.consumer_name:
+                continue
+            batch = summary.get(SUMMARY_BATCH)
+            if batch == str(plan.batch_id) and summary.get(SUMMARY_PLAN) == plan_marker(plan):
+                return snapshot
+            if batch is not None and batch.isdigit() and int(batch) >= plan.batch_id and later is None:
+                later = (batch, snapshot.snapshot_id)
+        if later is not None:
+            raise TableCommitError(
+                f"table {self.identifier} already holds batch {later[0]} of stream {plan.stream_name!r}, consumer "
+                f"{plan.consumer_name!r} (snapshot {later[1]}) from another plan than batch {plan.batch_id}'s: the table is "
+                "ahead of the checkpoint store (its checkpoints were reset or the checkpoint table re-created). Nothing was "
+                "committed. Write to a new table, or use a new consumer name for the new checkpoint history."
+            )
         return None
 
     # -- windows ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""KinesisTableCompactionOperator on real tables: pyiceberg (SQL catalog on SQLite) and deltalake
+"""Table sinks and KinesisTableCompactionOperator on real tables: pyiceberg (SQL catalog on SQLite)
 on local files written as the Spark job lays them out (pyarrow writes them here: no Spark)."""
 
 from __future__ import annotations
@@ -79,3 +79,23 @@ def test_compaction_refuses_parquet_output(tmp_path):
                                               start=DAY.isoformat(), end=(DAY + timedelta(days=1)).isoformat())  # fmt: skip
     with pytest.raises(ValueError, match="no table to compact"):
         operator.execute({})
+
+
+@pytest.mark.parametrize("output_format", ["iceberg", "delta"])
+def test_a_table_ahead_of_the_checkpoint_store_fails_the_commit_loudly(output_format, tmp_path):
+    """Checkpoints reset (a new checkpoint history numbers its batches from 1 again): batch 1 of
+    the new history must neither be skipped as 'already in the table' nor silently appended as if
+    nothing were wrong."""
+    from airflow_kinesis_spark.exceptions import TableCommitError
+
+    location = tmp_path / "table"
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
+    sink = IcebergSink("lake.events", catalog, str(location)) if output_format == "iceberg" else DeltaSink(str(location))
+    write_batch(location, 1, 10, delta=output_format == "delta")
+    first = sink.commit_batch(plan(location, 1), [])
+    assert not first.already_committed
+    assert sink.commit_batch(plan(location, 1), []).already_committed  # the same plan again: a re-run, nothing added
+    replanned = plan(location, 1)
+    replanned = type(replanned)(**{**replanned.__dict__, "created_at": DAY + timedelta(hours=1)})  # batch 1 of another history
+    with pytest.raises(TableCommitError, match="ahead of the checkpoint store"):
+        sink.commit_batch(replanned, [])
