@@ -1,5 +1,5 @@
 """Table sinks and KinesisTableCompactionOperator on real tables: pyiceberg (SQL catalog on SQLite)
-on local files written as the Spark job lays them out (pyarrow writes them here: no Spark)."""
+and deltalake on local files written as the Spark job lays them out (pyarrow writes them here: no Spark)."""
 
 from __future__ import annotations
 
