@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "KinesisSparkError",
     "TableCommitError",
+    "StreamAccessDeniedError",
     "StreamNotFoundError",
     "CheckpointConflictError",
     "BatchLeaseHeldError",
@@ -46,17 +47,41 @@ class StreamNotFoundError(KinesisSparkError):
     """The stream does not exist where the client looked (names stream, region and endpoint)."""
 
     @classmethod
-    def for_client(cls, stream_name: str, client: Any) -> StreamNotFoundError:
+    def for_client(cls, stream_name: str, client: Any, *, account: str | None = None) -> StreamNotFoundError:
         region = getattr(getattr(client, "meta", None), "region_name", None)
         endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None)
+        shared = (
+            f" For a stream of account {account} (another account's), its resource-based policy must allow this "
+            "connection's principal: Kinesis answers a stream it may not see as not found." if account else ""
+        )
         return cls(
             f"Kinesis stream {stream_name!r} does not exist in region {region!r} at endpoint "
             f"{endpoint!r}. Check the stream name, and the region and endpoint_url of the AWS "
-            "connection (extras 'region_name', 'endpoint_url').",
+            f"connection (extras 'region_name', 'endpoint_url').{shared}",
             stream_name=stream_name,
             region=region,
             endpoint=endpoint,
+            account=account,
         )
+
+
+class StreamAccessDeniedError(KinesisSparkError):
+    """Kinesis refused a call on a stream to the connection's principal (``AccessDeniedException``):
+    names the stream, its account for a stream ARN, the call and the policies to check."""
+
+    @classmethod
+    def for_call(cls, stream: str, account: str | None, operation: str, detail: str) -> StreamAccessDeniedError:
+        where = f"in account {account} " if account else ""
+        return cls(
+            f"Kinesis refused {operation} on stream {stream!r} {where}to this connection's principal ({detail}). "
+            "The principal's IAM policy must allow kinesis:DescribeStreamSummary, kinesis:ListShards, "
+            "kinesis:GetShardIterator and kinesis:GetRecords on the stream's ARN"
+            + (f"; for a stream of another account ({account}), the stream's resource-based policy (Kinesis "
+               "PutResourcePolicy) must allow them to this principal as well, and the stream must be named by its ARN"
+               if account else "")
+            + " (docs/iam.md).",
+            stream_name=stream, account=account, operation=operation,
+        )  # fmt: skip
 
 
 class CheckpointConflictError(KinesisSparkError):

@@ -108,7 +108,13 @@ def output_dataset_name(uri: str) -> tuple[str, str]:
 
 
 def stream_dataset_name(stream_name: str, region: str | None) -> tuple[str, str]:
-    """OpenLineage ``(namespace, name)`` of a Kinesis stream: ``kinesis://{region}`` and the stream name."""
+    """OpenLineage ``(namespace, name)`` of a Kinesis stream: ``kinesis://{region}`` and the stream
+    name (for a stream ARN: its own region and name)."""
+    from airflow_kinesis_spark.core.names import parse_stream_arn
+
+    arn = parse_stream_arn(stream_name)
+    if arn:
+        region, stream_name = arn.region, arn.name
     return f"kinesis://{region}" if region else "kinesis", stream_name
 
 

@@ -129,7 +129,11 @@ def build_session(app_name: str) -> Any:
 
 def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dict[str, Any]) -> Callable:
     """The ``mapInArrow`` function: each input row is one shard range (JSON); all ranges of a
-    task are read at the same time."""
+    task are read at the same time. ``stream_name`` may be an ARN (the calls address it so); the
+    rows' ``stream_name`` column is the stream's name either way."""
+    from airflow_kinesis_spark.core.names import stream_name_of
+
+    row_stream_name = stream_name_of(stream_name)
 
     def read_ranges(batches: Iterator[Any]) -> Iterator[Any]:
         import boto3
@@ -178,7 +182,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
             index = pa.array(page.kinesis_record_index(), pa.int32())
             batch = pa.RecordBatch.from_arrays(
                 [
-                    pa.repeat(pa.scalar(stream_name, pa.string()), n),
+                    pa.repeat(pa.scalar(row_stream_name, pa.string()), n),
                     pa.repeat(pa.scalar(page.shard_id, pa.string()), n),
                     pa.array(page.sequence_numbers, pa.string()).take(index),
                     pa.array(page.sub_sequence_numbers, pa.int64()),

@@ -14,6 +14,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from airflow_kinesis_spark.core.names import stream_params
 from airflow_kinesis_spark.core.lag import (
     COUNT_MAX_GET_RECORDS_CALLS,
     backlog_from_counts,
@@ -173,7 +174,7 @@ async def describe_stream_summary(client: Any, stream_name: str) -> dict[str, An
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
     """
     try:
-        return (await client.describe_stream_summary(StreamName=stream_name))["StreamDescriptionSummary"]
+        return (await client.describe_stream_summary(**stream_params(stream_name)))["StreamDescriptionSummary"]
     except ClientError as err:
         raise_for_stream(err, stream_name, client)
 
@@ -183,9 +184,9 @@ async def _lag_plan(
 ) -> tuple[Head, BatchPlan, datetime]:
     """The head, the ``lag.lag_plan`` from its committed checkpoints, and the time it is made for."""
     now = datetime.now(timezone.utc)
-    shards = await list_shards(kinesis, store.stream_name)
+    shards = await list_shards(kinesis, store.stream_ref)
     head, checkpoints, _ = await committed_state(dynamodb, store, with_plan=False)
-    return head, lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position), now
+    return head, lag_plan(store.stream_ref, store.consumer_name, shards, checkpoints, now, initial_position), now
 
 
 async def measure_lag(
@@ -197,7 +198,7 @@ async def measure_lag(
     :raises StreamNotFoundError: the stream does not exist.
     """
     _, plan, now = await _lag_plan(kinesis, dynamodb, store, initial_position)
-    probes = await asyncio.gather(*(probe_range(kinesis, store.stream_name, r) for r in plan.ranges))
+    probes = await asyncio.gather(*(probe_range(kinesis, store.stream_ref, r) for r in plan.ranges))
     return lag_from_probes(plan, probes, now)
 
 
@@ -216,7 +217,7 @@ async def measure_backlog(
 
     async def count(shard_range: ShardRange) -> tuple[ShardReport, bool]:
         async with gate:
-            return await count_range(kinesis, store.stream_name, shard_range, bound)
+            return await count_range(kinesis, store.stream_ref, shard_range, bound)
 
     counts = await asyncio.gather(*(count(r) for r in plan.ranges))
     return {**backlog_from_counts(plan, counts, now, bound), "committed_batch_id": head.committed_batch_id}

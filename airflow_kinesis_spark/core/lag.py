@@ -417,10 +417,10 @@ def measure_lag(
     :raises StreamNotFoundError: the stream does not exist.
     """
     now = now or datetime.now(timezone.utc)
-    shards = list_shards(client, store.stream_name)
+    shards = list_shards(client, store.stream_ref)
     if checkpoints is None:
         checkpoints = store.committed_checkpoints()
-    plan = lag_plan(store.stream_name, store.consumer_name, shards, checkpoints, now, initial_position)
+    plan = lag_plan(store.stream_ref, store.consumer_name, shards, checkpoints, now, initial_position)
     if on_plan is not None:
         on_plan(plan, shards)
-    return lag_from_probes(plan, probe_ranges(client, store.stream_name, plan.ranges, min_call_interval=0), now)
+    return lag_from_probes(plan, probe_ranges(client, store.stream_ref, plan.ranges, min_call_interval=0), now)

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
+from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, restart_from_trim_horizon, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, to_utc
 from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
@@ -476,7 +477,7 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
     expected: dict[str, Any] = {
         "batch id": pending_batch_id,
         "mode": "incremental",
-        "stream": settings.stream_name,
+        "stream": stream_name_of(settings.stream_name),  # a stream's name and its ARN share checkpoints
         "consumer": settings.consumer_name,
         "checkpoint table": store.table_name,
         "output location": batch_output_location(settings.output_root, pending_batch_id or 0),
@@ -485,7 +486,7 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
     stored: dict[str, Any] = {
         "batch id": plan.batch_id,
         "mode": plan.mode,
-        "stream": plan.stream_name,
+        "stream": stream_name_of(plan.stream_name),
         "consumer": plan.consumer_name,
         "checkpoint table": plan.checkpoint_table or store.table_name,  # plans of earlier versions do not name it
         "output location": plan.output_location,

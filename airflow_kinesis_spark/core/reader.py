@@ -36,6 +36,7 @@ import aws_kinesis_agg.deaggregator  # noqa: F401
 import google.protobuf.message
 from aws_kinesis_agg import messages_pb2
 
+from airflow_kinesis_spark.core.names import stream_params
 from airflow_kinesis_spark.core.positions import ExtendedSequenceNumber, to_utc
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.exceptions import CorruptAggregateError
@@ -420,7 +421,7 @@ class ShardReader:
             start = StartPosition("AFTER_SEQUENCE_NUMBER", sequence_number=self._p.last_kinesis_sequence)
         else:
             start = self.range.start
-        return {"StreamName": self.stream_name, "ShardId": self.range.shard_id, **start.iterator_kwargs()}
+        return {**stream_params(self.stream_name), "ShardId": self.range.shard_id, **start.iterator_kwargs()}
 
     def records_request(self, iterator: str) -> dict[str, Any]:
         """``GetRecords`` arguments.

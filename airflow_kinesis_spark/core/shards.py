@@ -14,8 +14,9 @@ from typing import Any, NoReturn
 
 from botocore.exceptions import ClientError
 
+from airflow_kinesis_spark.core.names import parse_stream_arn, stream_params
 from airflow_kinesis_spark.core.positions import Checkpoint, parse_sequence_number
-from airflow_kinesis_spark.exceptions import StreamNotFoundError
+from airflow_kinesis_spark.exceptions import StreamAccessDeniedError, StreamNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,10 @@ class Shard:
 
 
 def raise_for_stream(err: ClientError, stream_name: str, client: Any) -> NoReturn:
-    """Raise what a Kinesis call's error on ``stream_name`` means: :class:`StreamNotFoundError`
-    (from ``err``) for ``ResourceNotFoundException``, else ``err`` itself.
+    """Raise what a Kinesis call's error on ``stream_name`` (a name or ARN) means:
+    :class:`StreamNotFoundError` (from ``err``) for ``ResourceNotFoundException``,
+    :class:`StreamAccessDeniedError` for ``AccessDeniedException`` (naming the stream's account
+    and the policies to check), else ``err`` itself.
 
     One rule for every call that names a stream (``ListShards``, ``DescribeStreamSummary``), sync
     (boto3) or async (aiobotocore): both raise botocore's ``ClientError`` with the error code in
@@ -83,10 +86,16 @@ def raise_for_stream(err: ClientError, stream_name: str, client: Any) -> NoRetur
 
     :param client: the client that made the call (its region and endpoint go into the message).
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
+    :raises StreamAccessDeniedError: the principal may not call it.
     :raises ClientError: ``err``, for any other error.
     """
-    if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-        raise StreamNotFoundError.for_client(stream_name, client) from err
+    error = err.response.get("Error", {})
+    arn = parse_stream_arn(stream_name)
+    if error.get("Code") == "ResourceNotFoundException":
+        raise StreamNotFoundError.for_client(stream_name, client, account=arn.account if arn else None) from err
+    if error.get("Code") in ("AccessDeniedException", "AccessDenied"):
+        operation = getattr(err, "operation_name", None) or "the call"
+        raise StreamAccessDeniedError.for_call(stream_name, arn.account if arn else None, operation, error.get("Message", "")) from err
     raise err
 
 
@@ -102,7 +111,7 @@ class ListShardsPager:
     names the stream (and the ``ShardFilter``); the next ones carry only ``NextToken``: the real
     API rejects ``StreamName`` next to it, as the token names the stream (API reference, ListShards).
 
-    :param stream_name: the stream's name.
+    :param stream_name: the stream's name or ARN.
     :param shard_filter: ListShards' ``ShardFilter``, on the first request only.
     """
 
@@ -110,7 +119,7 @@ class ListShardsPager:
         self.stream_name = stream_name
         self.shards: list[Shard] = []
         self.request: dict[str, Any] | None = {
-            "StreamName": stream_name, **({"ShardFilter": dict(shard_filter)} if shard_filter else {})
+            **stream_params(stream_name), **({"ShardFilter": dict(shard_filter)} if shard_filter else {})
         }  # fmt: skip
         # Emulator workaround (DESIGN.md, emulator quirks): moto's server needs StreamName again
         # with NextToken; it refuses the token alone with InvalidToken ("Input inconsistent with
@@ -125,7 +134,7 @@ class ListShardsPager:
         if not token:
             self.request = None
         else:
-            self.request = {"NextToken": token, **({"StreamName": self.stream_name} if self._name_with_token else {})}
+            self.request = {"NextToken": token, **(stream_params(self.stream_name) if self._name_with_token else {})}
 
     def refused(self, err: ClientError, client: Any) -> None:
         """Take the error of :attr:`request`: a token sent alone and refused as ``InvalidToken``
@@ -136,11 +145,11 @@ class ListShardsPager:
         :raises ClientError: ``err``, for any other error.
         """
         request = self.request or {}
-        token_alone = "NextToken" in request and "StreamName" not in request
+        token_alone = "NextToken" in request and "StreamName" not in request and "StreamARN" not in request
         if token_alone and err.response.get("Error", {}).get("Code") == "InvalidToken":
             log.debug("ListShards refused NextToken alone (%s); sending StreamName with it (moto)", err)
             self._name_with_token = True
-            self.request = {**request, "StreamName": self.stream_name}
+            self.request = {**request, **stream_params(self.stream_name)}
             return
         raise_for_stream(err, self.stream_name, client)
 
@@ -179,7 +188,7 @@ def describe_stream_summary(client: Any, stream_name: str) -> dict[str, Any]:
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
     """
     try:
-        return client.describe_stream_summary(StreamName=stream_name)["StreamDescriptionSummary"]
+        return client.describe_stream_summary(**stream_params(stream_name))["StreamDescriptionSummary"]
     except ClientError as err:
         raise_for_stream(err, stream_name, client)
 

@@ -60,7 +60,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from airflow_kinesis_spark.core.names import validate_table_name
+from airflow_kinesis_spark.core.names import stream_name_of, validate_table_name
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
 from airflow_kinesis_spark.core.ranges import ShardReport
@@ -184,7 +184,7 @@ class DynamoDBCheckpointStore:
 
     :param client: a boto3 DynamoDB client (``None``: only to build requests, e.g. for an async client).
     :param table_name: the table; created on first use (:meth:`ensure_table`).
-    :param stream_name: the stream.
+    :param stream_name: the stream's name or ARN.
     :param consumer_name: the consumer (application) name.
     :param keep_batches: batches of the batch log to keep, counted back from the committed one
         (itself included); at least 1. Default 100.
@@ -222,9 +222,13 @@ class DynamoDBCheckpointStore:
         self.point_in_time_recovery = point_in_time_recovery
         self.deletion_protection = deletion_protection
         self.table_name = validate_table_name(table_name)
-        self.stream_name = stream_name
+        #: The stream as the caller named it (name or ARN): what Kinesis calls address.
+        self.stream_ref = stream_name
+        #: The stream's name (also from an ARN): what the items are keyed by, so a stream's name and
+        #: its ARN share one consumer's checkpoints.
+        self.stream_name = stream_name_of(stream_name)
         self.consumer_name = consumer_name
-        self.pk = f"{stream_name}|{consumer_name}"
+        self.pk = f"{self.stream_name}|{consumer_name}"
 
     # -- table ---------------------------------------------------------------------------------
 

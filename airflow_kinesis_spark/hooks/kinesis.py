@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.job import STAGING_DIR
-from airflow_kinesis_spark.core.names import validate_stream_name
+from airflow_kinesis_spark.core.names import parse_stream_arn, validate_stream_name
 from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
 
 #: Default lifetime of the Spark job's temporary credentials (seconds). A batch that reads
@@ -213,7 +213,7 @@ def job_session_policy(
     stream_name: str, region: str | None, partition: str = "aws", *, output_location: str | None = None,
     checkpoint_table: str | None = None, store_key: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The session policy of a job's credentials: read ``stream_name``, write the batch's output.
+    """The session policy of a job's credentials: read ``stream_name`` (a name or an ARN), write the batch's output.
 
     Shape: an IAM policy document (dict). Actions: ``kinesis:GetShardIterator``,
     ``kinesis:GetRecords``, ``kinesis:ListShards``, ``kinesis:DescribeStreamSummary`` on the
@@ -263,7 +263,8 @@ def job_session_policy(
             {
                 "Effect": "Allow",
                 "Action": ["kinesis:GetShardIterator", "kinesis:GetRecords", "kinesis:ListShards", "kinesis:DescribeStreamSummary"],
-                "Resource": [f"arn:{partition}:kinesis:{region}:*:stream/{stream_name}"],
+                # A stream ARN (another account's stream, shared by its resource policy) is the resource itself.
+                "Resource": [str(arn) if (arn := parse_stream_arn(stream_name)) else f"arn:{partition}:kinesis:{region}:*:stream/{stream_name}"],
             },
             {
                 "Effect": "Allow",

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import airflow_kinesis_spark
 from airflow_kinesis_spark.core.job import JobArguments
+from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.ranges import ShardReport
@@ -380,7 +381,7 @@ class SparkSubmitJob:
         if on_command_line:
             log.info("Spark master is YARN/Kubernetes: the job uses the cluster's AWS credentials")
         env = s.aws_environment(stream_name, output_location=output_location, checkpoint_table=checkpoint_table,
-                                store_key=f"{stream_name}|{consumer_name}", cluster_role=on_command_line)  # fmt: skip
+                                store_key=f"{stream_name_of(stream_name)}|{consumer_name}", cluster_role=on_command_line)  # fmt: skip
         if local:
             env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver (and a UI turned back on) listen on loopback only
         env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))

@@ -34,6 +34,7 @@ from datetime import date, datetime, timezone
 from typing import Any
 from urllib.parse import unquote
 
+from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.exceptions import TableCommitError
 from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit, plan_marker
 from airflow_kinesis_spark.sinks.files import DataFile, filesystem, list_data_files, table_uri
@@ -121,7 +122,7 @@ class DeltaSink(Sink):
         from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
 
-        app = app_id(plan.stream_name, plan.consumer_name)
+        app = app_id(stream_name_of(plan.stream_name), plan.consumer_name)
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             table = self.load()
             if table is not None:
@@ -133,7 +134,7 @@ class DeltaSink(Sink):
                     return TableCommit("delta", self.uri, version=version, already_committed=True)
             properties = CommitProperties(
                 app_transactions=[Transaction(app, plan.batch_id)],
-                custom_metadata={"kinesis-spark.stream": plan.stream_name, "kinesis-spark.consumer": plan.consumer_name,
+                custom_metadata={"kinesis-spark.stream": stream_name_of(plan.stream_name), "kinesis-spark.consumer": plan.consumer_name,
                                  "kinesis-spark.batch-id": str(plan.batch_id), PLAN_KEY: plan_marker(plan)},  # fmt: skip
             )
             try:
@@ -153,11 +154,11 @@ class DeltaSink(Sink):
             checkpoint history.
         """
         for commit in table.history(limit=HISTORY_DEPTH):
-            if (commit.get("kinesis-spark.stream") == plan.stream_name and commit.get("kinesis-spark.consumer") == plan.consumer_name
+            if (commit.get("kinesis-spark.stream") == stream_name_of(plan.stream_name) and commit.get("kinesis-spark.consumer") == plan.consumer_name
                     and commit.get("kinesis-spark.batch-id") == str(plan.batch_id) and commit.get(PLAN_KEY) == plan_marker(plan)):
                 return int(commit["version"])
         raise TableCommitError(
-            f"Delta table {self.uri} records transaction {app_id(plan.stream_name, plan.consumer_name)} at version {done} "
+            f"Delta table {self.uri} records transaction {app_id(stream_name_of(plan.stream_name), plan.consumer_name)} at version {done} "
             f">= batch {plan.batch_id}, but none of its last {HISTORY_DEPTH} commits is this batch's plan: the table is ahead "
             "of the checkpoint store (its checkpoints were reset or the checkpoint table re-created). Nothing was committed. "
             "Write to a new table, or use a new consumer name for the new checkpoint history."
@@ -173,7 +174,7 @@ class DeltaSink(Sink):
         table = self.load()
         removes = [] if table is None else self._window_files(table, plan)
         label = f"{plan.window_start.isoformat()}/{plan.cutoff.isoformat()}"
-        properties = CommitProperties(custom_metadata={"kinesis-spark.stream": plan.stream_name, "kinesis-spark.window": label})
+        properties = CommitProperties(custom_metadata={"kinesis-spark.stream": stream_name_of(plan.stream_name), "kinesis-spark.window": label})
         return self._commit(table, plan, properties, removes=removes)
 
     def _window_files(self, table: Any, plan: Any) -> list[Any]:
@@ -185,7 +186,7 @@ class DeltaSink(Sink):
         removes, straddling = [], []
         now = int(datetime.now(timezone.utc).timestamp() * 1000)
         for a in actions:
-            if a.get("min.stream_name") is not None and not (a["min.stream_name"] == a["max.stream_name"] == plan.stream_name):
+            if a.get("min.stream_name") is not None and not (a["min.stream_name"] == a["max.stream_name"] == stream_name_of(plan.stream_name)):
                 continue
             low, high = a.get("min.approximate_arrival_timestamp"), a.get("max.approximate_arrival_timestamp")
             if low is None or high is None:

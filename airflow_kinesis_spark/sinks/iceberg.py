@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_kinesis_spark.core.positions import format_timestamp
+from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.exceptions import TableCommitError
 from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit, parse_partition_field, plan_marker
 from airflow_kinesis_spark.sinks.files import list_data_files, pyiceberg_io_properties, table_uri
@@ -123,7 +124,7 @@ class IcebergSink(Sink):
         :raises pyiceberg.exceptions.CommitFailedException: still conflicting after
             :data:`COMMIT_ATTEMPTS` attempts.
         """
-        properties = {SUMMARY_STREAM: plan.stream_name, SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_BATCH: str(plan.batch_id),
+        properties = {SUMMARY_STREAM: stream_name_of(plan.stream_name), SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_BATCH: str(plan.batch_id),
                       SUMMARY_PLAN: plan_marker(plan)}  # fmt: skip
         return self._commit(plan, properties, lambda table: self._batch_snapshot(table, plan))
 
@@ -136,7 +137,7 @@ class IcebergSink(Sink):
         later = None
         for snapshot in reversed(table.metadata.snapshots):
             summary = snapshot.summary.additional_properties if snapshot.summary else {}
-            if summary.get(SUMMARY_STREAM) != plan.stream_name or summary.get(SUMMARY_CONSUMER) != plan.consumer_name:
+            if summary.get(SUMMARY_STREAM) != stream_name_of(plan.stream_name) or summary.get(SUMMARY_CONSUMER) != plan.consumer_name:
                 continue
             batch = summary.get(SUMMARY_BATCH)
             if batch == str(plan.batch_id) and summary.get(SUMMARY_PLAN) == plan_marker(plan):
@@ -145,7 +146,7 @@ class IcebergSink(Sink):
                 later = (batch, snapshot.snapshot_id)
         if later is not None:
             raise TableCommitError(
-                f"table {self.identifier} already holds batch {later[0]} of stream {plan.stream_name!r}, consumer "
+                f"table {self.identifier} already holds batch {later[0]} of stream {stream_name_of(plan.stream_name)!r}, consumer "
                 f"{plan.consumer_name!r} (snapshot {later[1]}) from another plan than batch {plan.batch_id}'s: the table is "
                 "ahead of the checkpoint store (its checkpoints were reset or the checkpoint table re-created). Nothing was "
                 "committed. Write to a new table, or use a new consumer name for the new checkpoint history."
@@ -159,7 +160,7 @@ class IcebergSink(Sink):
         from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
 
         label = f"{format_timestamp(plan.window_start)}/{format_timestamp(plan.cutoff)}"
-        properties = {SUMMARY_STREAM: plan.stream_name, SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_WINDOW: label}
+        properties = {SUMMARY_STREAM: stream_name_of(plan.stream_name), SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_WINDOW: label}
 
         def replace(tx: Any, table_schema: Any) -> None:
             names = {f.name for f in table_schema.fields}
@@ -169,7 +170,7 @@ class IcebergSink(Sink):
             where = And(GreaterThanOrEqual("approximate_arrival_timestamp", plan.window_start.isoformat()),
                         LessThan("approximate_arrival_timestamp", plan.cutoff.isoformat()))  # fmt: skip
             if "stream_name" in names:
-                where = And(where, EqualTo("stream_name", plan.stream_name))
+                where = And(where, EqualTo("stream_name", stream_name_of(plan.stream_name)))
             tx.delete(where, snapshot_properties=properties)
 
         return self._commit(plan, properties, lambda table: None, before_add=replace)

@@ -80,11 +80,14 @@ class ParquetSink(Sink):
             return
         files = list_data_files(plan.output_location, self.storage_options)
         if not files:
-            raise RuntimeError(
-                f"batch {plan.batch_id} is committed with {sum(r.records for r in reports)} records but "
-                f"{plan.output_location} holds no data file: the output was removed after the job wrote it. "
-                "Its committed record is not written; re-run the window of this batch to restore the rows."
-            )
+            # The checkpoints are committed: failing here would fail every later run too (repair).
+            log.error(
+                "batch %d is committed with %d records but %s holds no data file: the output was removed after the job "
+                "wrote it (or the job wrote elsewhere). No committed record is written for it; re-run the batch's time "
+                "range with KinesisWindowToSparkOperator to restore its rows.",
+                plan.batch_id, sum(r.records for r in reports), plan.output_location,
+            )  # fmt: skip
+            return
         listing = "".join(f"{plan.output_location}/{f.path}\n" for f in files)
         write_text(committed_record_location(self.output_root, plan.batch_id), listing, self.storage_options)
         write_text(f"{plan.output_location}/_SUCCESS", "", self.storage_options)

@@ -185,7 +185,8 @@ class ProbedKinesis:
 
 
 class Store:
-    stream_name, consumer_name = "s", "c"
+    stream_ref = stream_name = "s"
+    consumer_name = "c"
 
     def __init__(self) -> None:
         self.reads = 0

@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core import aio
 from airflow_kinesis_spark.core.shards import ListShardsPager, Shard, describe_stream_summary, list_shards
-from airflow_kinesis_spark.exceptions import StreamNotFoundError
+from airflow_kinesis_spark.exceptions import StreamAccessDeniedError, StreamNotFoundError
 
 
 def error(code: str, operation: str = "ListShards") -> ClientError:
@@ -170,12 +170,21 @@ def test_a_stream_gone_between_pages_on_the_real_api_is_not_found_at_once(lister
 @pytest.mark.parametrize("call", [0, 1], ids=["first page", "token page"])
 def test_other_errors_propagate_unretried(lister, call):
     client = PagingKinesis(count=25, page_size=10, name_with_token="reject")
-    client.fail_on_call[call] = error("AccessDeniedException")
+    client.fail_on_call[call] = error("LimitExceededException")
     with pytest.raises(ClientError) as info:
         lister(client, "s")
     assert not isinstance(info.value, StreamNotFoundError)
-    assert info.value.response["Error"]["Code"] == "AccessDeniedException"
+    assert info.value.response["Error"]["Code"] == "LimitExceededException"
     assert len(client.calls) == call + 1
+
+
+def test_access_denied_on_another_accounts_stream_names_the_account_and_the_policy(lister):
+    arn = "arn:aws:kinesis:eu-west-1:111122223333:stream/shared"
+    client = PagingKinesis(count=5, page_size=10, name_with_token="reject")
+    client.fail_on_call[0] = error("AccessDeniedException")
+    with pytest.raises(StreamAccessDeniedError, match="account 111122223333.*resource-based policy"):
+        lister(client, arn)
+    assert client.calls == [{"StreamARN": arn, "StreamName": "shared"}]  # the call addressed the stream by its ARN
 
 
 def test_pager_decides_the_requests_without_a_client():
