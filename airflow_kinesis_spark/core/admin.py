@@ -338,7 +338,7 @@ def rewind(
     :raises ValueError: ``to`` is not a valid target.
     """
     now = datetime.now(timezone.utc)
-    shards = list_shards(kinesis_client, store.stream_name)
+    shards = list_shards(kinesis_client, store.stream_ref)
     new = rewind_checkpoints(shards, to, now=now)
     head = store.head()
     current = store.committed_checkpoints(head)

@@ -47,3 +47,28 @@ def test_runs_by_name_and_by_arn_share_checkpoints_and_read_each_record_once(
     assert names == {unique_name}  # rows name the stream, not the ARN
     lag = measure_lag(kinesis, store)  # the lag of an ARN-addressed consumer: its shards, read by ARN
     assert lag["shards_with_unconsumed"] == [] or not lag["shards_with_unconsumed"], lag
+
+
+def test_the_cli_and_a_rewind_take_a_stream_arn(moto_endpoint, kinesis, dynamodb, unique_name, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from airflow_kinesis_spark.cli import main as cli
+    from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY)  # the command's default chain
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_SECRET_KEY)
+    create_stream(kinesis, unique_name, 2)
+    arn = kinesis.describe_stream_summary(StreamName=unique_name)["StreamDescriptionSummary"]["StreamARN"]
+    put_plain(kinesis, unique_name, [(f"c{i}", f"cli {i}".encode()) for i in range(12)])
+    base = ["--endpoint-url", moto_endpoint, "--region", REGION]
+    args = [arn, "-c", "arns", "-t", f"{unique_name}_ckpt"]
+    rewind = CliRunner().invoke(cli, [*base, "rewind", *args, "--to", "TRIM_HORIZON", "--yes", "--json"])
+    assert rewind.exit_code == 0, rewind.output
+    shown = CliRunner().invoke(cli, [*base, "checkpoints", *args, "--json"])
+    assert shown.exit_code == 0, shown.output
+    data = json.loads(shown.stdout)
+    assert len(data["lag"]["shards_with_unconsumed"]) == 2  # the shards listed and probed by ARN
+    by_name = CliRunner().invoke(cli, [*base, "checkpoints", unique_name, "-c", "arns", "-t", f"{unique_name}_ckpt", "--json"])
+    assert json.loads(by_name.stdout)["committed_batch_id"] == data["committed_batch_id"] == 1  # the same checkpoints
