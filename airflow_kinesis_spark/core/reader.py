@@ -333,6 +333,12 @@ class _Progress:
     read_ended: float | None = None
 
 
+#: SubscribeToShard errors retried with backoff: another subscription of the consumer to the shard
+#: is still open (a renewed one within seconds of the last), or the consumer's subscription rate
+#: (Kinesis API reference, SubscribeToShard).
+SUBSCRIBE_RETRY_ERRORS = ("ResourceInUseException", "LimitExceededException")
+
+
 class ShardReader:
     """Reads one :class:`ShardRange` with ``GetRecords``.
 
@@ -359,6 +365,12 @@ class ShardReader:
     :param backoff_base: seconds; the n-th retry sleeps uniform(0, min(backoff_cap, base * 2**n)).
     :param backoff_cap: seconds.
     :param sleep: injectable ``time.sleep``.
+    :param consumer_arn: read with enhanced fan-out (``SubscribeToShard``) as this registered
+        stream consumer instead of ``GetRecords``: events are pushed (2 MiB/s per shard for each
+        consumer), the same stop rules hold, and a subscription that ends (after 5 minutes) or
+        fails is renewed from just after the last Kinesis record read. ``ResourceInUseException``
+        (another subscription of this consumer to the shard is still open) and
+        ``LimitExceededException`` are retried with backoff.
 
     A corrupt KPL aggregate does not stop the read: it is yielded as one record with
     ``quarantine_reason`` set and counted in the report's ``quarantined``.
@@ -382,12 +394,14 @@ class ShardReader:
         backoff_cap: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        consumer_arn: str | None = None,
     ) -> None:
         if not 1 <= limit <= GET_RECORDS_MAX_LIMIT:
             raise ValueError(f"limit must be 1..{GET_RECORDS_MAX_LIMIT} (GetRecords Limit), got {limit}")
         self.client = client
         self.stream_name = stream_name
         self.range = shard_range
+        self.consumer_arn = consumer_arn
         self.limit = limit
         self.min_call_interval = min_call_interval
         if read_bytes_per_second is not None and read_bytes_per_second <= 0:
@@ -422,6 +436,25 @@ class ShardReader:
         else:
             start = self.range.start
         return {**stream_params(self.stream_name), "ShardId": self.range.shard_id, **start.iterator_kwargs()}
+
+    def subscription_request(self) -> dict[str, Any]:
+        """``SubscribeToShard`` arguments: the range's start, or just after the last record read
+        (a renewed subscription)."""
+        kwargs = self.iterator_request()
+        position: dict[str, Any] = {"Type": kwargs["ShardIteratorType"]}
+        if "StartingSequenceNumber" in kwargs:
+            position["SequenceNumber"] = kwargs["StartingSequenceNumber"]
+        if "Timestamp" in kwargs:
+            position["Timestamp"] = kwargs["Timestamp"]
+        return {"ConsumerARN": self.consumer_arn, "ShardId": self.range.shard_id, "StartingPosition": position}
+
+    @staticmethod
+    def event_response(event: Mapping[str, Any]) -> dict[str, Any]:
+        """A ``SubscribeToShardEvent`` as the GetRecords response :meth:`accept` takes: its
+        records, ``MillisBehindLatest``, and its continuation for ``NextShardIterator`` (none at
+        the shard's end, where the event lists the child shards)."""
+        return {"Records": event.get("Records", []), "MillisBehindLatest": event.get("MillisBehindLatest"),
+                "NextShardIterator": event.get("ContinuationSequenceNumber")}  # fmt: skip
 
     def records_request(self, iterator: str) -> dict[str, Any]:
         """``GetRecords`` arguments.
@@ -544,9 +577,60 @@ class ShardReader:
                 attempt += 1
 
     def pages(self) -> Iterator[Page]:
-        """Yield the user records of the range, one :class:`Page` per GetRecords response that added any."""
+        """Yield the user records of the range, one :class:`Page` per GetRecords response (or,
+        with ``consumer_arn``, per SubscribeToShard event) that added any."""
         started = time.monotonic()
         self._p.read_started = time.time()
+        if self.consumer_arn:
+            yield from self._subscribed_pages()
+        else:
+            yield from self._polled_pages()
+        self._p.read_ended = time.time()
+        report = self.finish()
+        p = self._p
+        log.info(
+            "shard %s: read %d records (%d Kinesis records, %d bytes) from %s, stop=%s, %s=%d, "
+            "throttled=%d, expired=%d, %.2fs",
+            self.range.shard_id, p.records, p.kinesis_records, p.kinesis_bytes, self.range.start, report.stop_reason,
+            "events" if self.consumer_arn else "calls", p.calls, p.throttled, p.expired, time.monotonic() - started,
+        )  # fmt: skip
+
+    def _subscribed_pages(self) -> Iterator[Page]:
+        """The enhanced fan-out driver: subscribe, apply each event, renew ended subscriptions."""
+        attempt = 0
+        while not self.done:
+            try:
+                response = self.client.subscribe_to_shard(**self.subscription_request())
+            except self.client.exceptions.ClientError as err:
+                code = err.response.get("Error", {}).get("Code", "")
+                if code not in SUBSCRIBE_RETRY_ERRORS or attempt >= self.max_throttle_retries:
+                    raise
+                self._p.throttled += 1
+                delay = random.uniform(0, min(self.backoff_cap, max(1.0, self.backoff_base * 2**attempt)))
+                log.info("shard %s: %s on SubscribeToShard, retry %d in %.2fs", self.range.shard_id, code, attempt + 1, delay)
+                self._sleep(delay)
+                attempt += 1
+                continue
+            attempt = 0
+            events = response["EventStream"]
+            try:
+                for event in events:
+                    if "SubscribeToShardEvent" not in event:
+                        continue
+                    self._p.calls += 1
+                    page = self.accept(self.event_response(event["SubscribeToShardEvent"]))
+                    if page:
+                        yield page
+                    if self.done:
+                        break
+            finally:
+                events.close()
+            if not self.done:
+                self._p.expired += 1  # the subscription ended (after 5 minutes) before a stop rule held
+                log.info("shard %s: subscription ended; renewing after %s", self.range.shard_id, self._p.last_kinesis_sequence)
+
+    def _polled_pages(self) -> Iterator[Page]:
+        """The GetRecords driver."""
         self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
         while not self.done:
             if self._ready_at is not None:
@@ -573,15 +657,6 @@ class ShardReader:
             self._ready_at = sent + pause + (PACING_MARGIN_S if pause > 0 else 0.0)
             if page:
                 yield page
-        self._p.read_ended = time.time()
-        report = self.finish()
-        p = self._p
-        log.info(
-            "shard %s: read %d records (%d Kinesis records, %d bytes) from %s, stop=%s, calls=%d, "
-            "throttled=%d, expired=%d, %.2fs",
-            self.range.shard_id, p.records, p.kinesis_records, p.kinesis_bytes, self.range.start, report.stop_reason,
-            p.calls, p.throttled, p.expired, time.monotonic() - started,
-        )  # fmt: skip
 
     def _take(self, record: Mapping[str, Any], cutoff: datetime, ending: int | None, page: Page) -> bool:
         """Apply the stop rules to one Kinesis record; add its user records to ``page``.

@@ -1,0 +1,145 @@
+"""ShardReader with enhanced fan-out (SubscribeToShard) against a fake client: the same stop
+rules and reports as GetRecords, renewed subscriptions, retried ResourceInUseException.
+
+A fake is right here: a unit test of the reader alone (the local SubscribeToShard endpoint is
+exercised by the integration tests)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber
+from airflow_kinesis_spark.core.reader import ShardReader
+from tests.unit.core.test_reader import (
+    SHARD,
+    STREAM,
+    T0,
+    FakeKinesis,
+    Sleeps,
+    aggregated,
+    assert_report_valid,
+    client_error,
+    keys,
+    make_range,
+    plain,
+    seq,
+)
+
+CONSUMER = f"arn:aws:kinesis:us-east-1:123456789012:stream/{STREAM}/consumer/lake:1"
+
+
+class EventStream:
+    def __init__(self, events: list[dict]) -> None:
+        self.events = events
+        self.closed = False
+
+    def __iter__(self):
+        for event in self.events:
+            if self.closed:
+                return
+            yield event
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeFanOut(FakeKinesis):
+    """SubscribeToShard over the fake's records: ``per_event`` records an event, at most
+    ``per_subscription`` events before the subscription ends; ``refuse`` errors first."""
+
+    def __init__(self, records: list[dict], *, closed: bool = False, per_event: int = 2, per_subscription: int = 100) -> None:
+        super().__init__(records, closed=closed)
+        self.per_event = per_event
+        self.per_subscription = per_subscription
+        self.refuse: list[Exception] = []
+        self.subscriptions: list[dict[str, Any]] = []
+
+    def subscribe_to_shard(self, **kwargs: Any) -> dict[str, Any]:
+        self.subscriptions.append(kwargs)
+        if self.refuse:
+            raise self.refuse.pop(0)
+        assert kwargs["ConsumerARN"] == CONSUMER and kwargs["ShardId"] == SHARD
+        position = kwargs["StartingPosition"]
+        request = {"ShardIteratorType": position["Type"], "StreamName": STREAM, "ShardId": SHARD}
+        if "SequenceNumber" in position:
+            request["StartingSequenceNumber"] = position["SequenceNumber"]
+        if "Timestamp" in position:
+            request["Timestamp"] = position["Timestamp"]
+        pos = int(self.get_shard_iterator(**request)["ShardIterator"].split(":")[1])
+        events = []
+        while len(events) < self.per_subscription:
+            page = self.records[pos : pos + self.per_event]
+            pos += len(page)
+            self.served += len(page)
+            at_end = pos >= len(self.records)
+            event: dict[str, Any] = {"Records": [dict(r) for r in page], "MillisBehindLatest": 0 if at_end else 1000}
+            if not (self.closed and at_end):
+                event["ContinuationSequenceNumber"] = page[-1]["SequenceNumber"] if page else seq(pos)
+            else:
+                event["ChildShards"] = [{"ShardId": "shardId-000000000009", "ParentShards": [SHARD]}]
+            events.append({"SubscribeToShardEvent": event})
+            if at_end:
+                break
+        return {"EventStream": EventStream(events)}
+
+
+def read_efo(client: FakeFanOut, rng, **kwargs):
+    reader = ShardReader(client, STREAM, rng, sleep=Sleeps(), min_call_interval=0, read_bytes_per_second=None,
+                         consumer_arn=CONSUMER, **kwargs)  # fmt: skip
+    records, report = reader.read_all()
+    assert_report_valid(rng, report, records)
+    return records, report
+
+
+def records_of(n: int) -> list[dict]:
+    return [aggregated(i, 3) if i % 3 == 0 else plain(i) for i in range(n)]
+
+
+def test_efo_reads_what_polling_reads_and_stops_caught_up():
+    data = records_of(10)
+    polled, polled_report = ShardReader(FakeKinesis(data), STREAM, make_range(), sleep=Sleeps(), min_call_interval=0,
+                                        read_bytes_per_second=None).read_all()  # fmt: skip
+    pushed, report = read_efo(FakeFanOut(data), make_range())
+    assert keys(pushed) == keys(polled) and len(pushed) == 10 + 4 * 2  # four aggregates of three user records
+    assert report.stop_reason == "caught_up" == polled_report.stop_reason
+    assert (report.first, report.last, report.records) == (polled_report.first, polled_report.last, polled_report.records)
+
+
+def test_a_subscription_that_ends_mid_range_is_renewed_after_the_last_record_read():
+    client = FakeFanOut(records_of(9), per_event=2, per_subscription=2)  # ends after 4 records
+    records, report = read_efo(client, make_range())
+    assert len(client.subscriptions) >= 3 and report.expired_iterators == len(client.subscriptions) - 1
+    assert client.subscriptions[0]["StartingPosition"] == {"Type": "TRIM_HORIZON"}
+    assert client.subscriptions[1]["StartingPosition"] == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": seq(3)}
+    assert client.served == 9  # nothing read twice, nothing skipped
+    assert len(keys(records)) == len(set(keys(records))) == 9 + 3 * 2
+
+
+def test_resource_in_use_is_retried_with_backoff():
+    client = FakeFanOut(records_of(4))
+    client.refuse = [client_error("ResourceInUseException", "SubscribeToShard")] * 2
+    records, report = read_efo(client, make_range())
+    assert report.throttled_calls == 2 and report.records == len(records) == 4 + 2 * 2
+    assert [type(e).__name__ for e in client.refuse] == [] and len(client.subscriptions) >= 3
+
+
+def test_other_subscribe_errors_are_raised():
+    client = FakeFanOut(records_of(4))
+    client.refuse = [client_error("AccessDeniedException", "SubscribeToShard")]
+    with pytest.raises(Exception, match="AccessDeniedException"):
+        read_efo(client, make_range())
+
+
+def test_shard_end_from_an_event_without_continuation():
+    _, report = read_efo(FakeFanOut(records_of(5), closed=True), make_range())
+    assert report.shard_end and report.stop_reason == "shard_end"
+
+
+def test_cutoff_and_start_after_a_checkpoint_hold_for_efo():
+    data = [plain(i) for i in range(10)]
+    rng = make_range(Checkpoint(position=ExtendedSequenceNumber(seq(2))), cutoff=T0 + timedelta(seconds=6))
+    records, report = read_efo(FakeFanOut(data), rng)
+    assert [r.sequence_number for r in records] == [seq(i) for i in (3, 4, 5)] and report.stop_reason == "cutoff"
