@@ -34,6 +34,7 @@ from rich.table import Table
 from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.admin import discard_pending as do_discard_pending
 from airflow_kinesis_spark.core.admin import rewind as do_rewind
+from airflow_kinesis_spark.core.consumers import deregister_stream_consumer
 from airflow_kinesis_spark.core.lag import measure_lag
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
@@ -435,6 +436,38 @@ def discard_pending(
     console.print(_printable(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output']}). "
                              f"The committed checkpoints (batch {result['committed_batch_id']}) are unchanged."),
                   soft_wrap=True, markup=False, highlight=False)  # fmt: skip
+
+
+DEREGISTER_EPILOG = """\b
+Examples:
+  kinesis-spark deregister-consumer my-stream -c my-app --yes
+"""
+
+
+@main.command("deregister-consumer", epilog=DEREGISTER_EPILOG,
+              short_help="Deregister the consumer's enhanced fan-out stream consumer (stops its billing).")  # fmt: skip
+@click.argument("stream")
+@click.option("-c", "--consumer", required=True, metavar="NAME", help="Consumer (application) name.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (required when stdin is not a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (the prompt goes to stderr).")
+@click.pass_context
+def deregister_consumer(ctx: click.Context, stream: str, consumer: str, yes: bool, as_json: bool) -> None:
+    """Deregister the stream consumer that consumer_type="efo" registered for CONSUMER.
+
+    A registered stream consumer is billed per shard-hour while it exists. Its checkpoints are
+    untouched: the next enhanced fan-out run registers it again, and polling runs never need it.
+    Asks first (unless --yes).
+    """
+    _confirm(f"Deregister stream consumer {consumer} of stream {stream}?", yes=yes, err=as_json, action="deregister-consumer")
+    kinesis, _ = _clients(ctx)
+    existed = deregister_stream_consumer(kinesis, stream, consumer)
+    result = {"stream": stream, "consumer_name": consumer, "deregistered": existed}
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        _console().print(f"Stream consumer {consumer} of {stream}: "
+                         + ("deregistered (billing stops once it is gone)." if existed else "was not registered; nothing to do."),
+                         soft_wrap=True, markup=False, highlight=False)  # fmt: skip
 
 
 PACKAGE_EPILOG = """\b

@@ -127,10 +127,11 @@ def build_session(app_name: str) -> Any:
     )
 
 
-def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dict[str, Any]) -> Callable:
+def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dict[str, Any], consumer_arn: str | None = None) -> Callable:
     """The ``mapInArrow`` function: each input row is one shard range (JSON); all ranges of a
     task are read at the same time. ``stream_name`` may be an ARN (the calls address it so); the
-    rows' ``stream_name`` column is the stream's name either way."""
+    rows' ``stream_name`` column is the stream's name either way. With ``consumer_arn`` the ranges
+    are read with enhanced fan-out (SubscribeToShard) as that stream consumer."""
     from airflow_kinesis_spark.core.names import stream_name_of
 
     row_stream_name = stream_name_of(stream_name)
@@ -165,7 +166,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         readers = [
             ShardReader(
                 client, stream_name, rng, limit=options["limit"], min_call_interval=options["min_call_interval"],
-                read_bytes_per_second=options.get("read_bytes_per_second"),
+                read_bytes_per_second=options.get("read_bytes_per_second"), consumer_arn=consumer_arn,
             )
             for rng in ranges
         ]  # fmt: skip
@@ -242,7 +243,7 @@ def read_batch(spark: Any, plan: dict[str, Any], aws_env: dict[str, str], option
     range_df = spark.range(0, n, 1, tasks).select(
         F.element_at(F.array(*[F.lit(r) for r in ranges]), (F.col("id") + 1).cast("int")).alias("range")
     )
-    reader = make_reader_function(plan["stream_name"], aws_env, options)
+    reader = make_reader_function(plan["stream_name"], aws_env, options, plan.get("consumer_arn"))
     return range_df.mapInArrow(reader, RAW_SCHEMA)
 
 

@@ -65,6 +65,8 @@ class BatchPlan:
     :param output: what the job writes for the output form
         (:meth:`airflow_kinesis_spark.sinks.OutputSpec.to_dict`; ``None``: Parquet, as plans of
         earlier versions).
+    :param consumer_arn: with enhanced fan-out (``consumer_type="efo"``), the registered stream
+        consumer the job subscribes as (``core.consumers``); ``None``: polling (GetRecords).
     """
 
     batch_id: int
@@ -83,6 +85,7 @@ class BatchPlan:
     window_start: datetime | None = None
     checkpoint_table: str | None = None
     output: Mapping[str, Any] | None = None
+    consumer_arn: str | None = None
 
     @property
     def shard_ids(self) -> list[str]:
@@ -106,6 +109,7 @@ class BatchPlan:
             "window_start": format_timestamp(self.window_start) if self.window_start else None,
             "checkpoint_table": self.checkpoint_table,
             "output": dict(self.output) if self.output else None,
+            "consumer_arn": self.consumer_arn,
         }
 
     @classmethod
@@ -127,6 +131,7 @@ class BatchPlan:
             window_start=parse_timestamp(data["window_start"]) if data.get("window_start") else None,
             checkpoint_table=data.get("checkpoint_table"),
             output=data.get("output"),
+            consumer_arn=data.get("consumer_arn"),
         )
 
 

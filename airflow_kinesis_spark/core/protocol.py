@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES, ensure_stream_consumer
 from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, restart_from_trim_horizon, validate_report
@@ -171,6 +172,8 @@ class IncrementalSettings:
     :param min_call_interval: seconds between two GetRecords calls on one shard for the probes.
     :param sink: the output form (:class:`Sink`); ``None``: Parquet folders without committed
         records (protocol tests).
+    :param consumer_type: ``polling`` (GetRecords) or ``efo`` (enhanced fan-out: the consumer is
+        registered as a stream consumer, or reused, and the job subscribes as it; ``core.consumers``).
     """
 
     stream_name: str
@@ -185,6 +188,7 @@ class IncrementalSettings:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     min_call_interval: float = MIN_CALL_INTERVAL_S
     sink: Sink | None = None
+    consumer_type: str = "polling"
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ class WindowSettings:
     :param sink: the output form (:class:`Sink`); a table's window commit replaces the window's
         rows, and each run then writes its own folder under the window's (``run=...``), so a
         re-run never deletes files the table's current snapshot holds.
+    :param consumer_type: as :class:`IncrementalSettings`'.
     """
 
     stream_name: str
@@ -213,6 +218,14 @@ class WindowSettings:
     allow_data_loss: bool = False
     min_call_interval: float = MIN_CALL_INTERVAL_S
     sink: Sink | None = None
+    consumer_type: str = "polling"
+
+
+def _consumer_arn(kinesis: Any, stream: str, consumer_name: str, consumer_type: str) -> str | None:
+    """The registered stream consumer's ARN for ``efo`` (registered or reused), else ``None``."""
+    if consumer_type not in CONSUMER_TYPES:
+        raise ValueError(f"consumer_type must be one of {', '.join(CONSUMER_TYPES)}; got {consumer_type!r}")
+    return ensure_stream_consumer(kinesis, stream, consumer_name) if consumer_type == "efo" else None
 
 
 def _output_spec(sink: Sink | None) -> dict[str, Any] | None:
@@ -442,7 +455,8 @@ def plan_batch(
         max_bytes_per_shard=settings.max_bytes_per_shard,
         allow_data_loss=settings.allow_data_loss,
     )
-    plan = replace(plan, checkpoint_table=store.table_name, output=_output_spec(settings.sink))
+    plan = replace(plan, checkpoint_table=store.table_name, output=_output_spec(settings.sink),
+                   consumer_arn=_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, settings.consumer_type))
     gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
     if gaps:
         detail = _gap_detail(gaps)
@@ -482,6 +496,7 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
         "checkpoint table": store.table_name,
         "output location": batch_output_location(settings.output_root, pending_batch_id or 0),
         "output": _output_spec(settings.sink),
+        "consumer type": settings.consumer_type,
     }
     stored: dict[str, Any] = {
         "batch id": plan.batch_id,
@@ -491,6 +506,7 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
         "checkpoint table": plan.checkpoint_table or store.table_name,  # plans of earlier versions do not name it
         "output location": plan.output_location,
         "output": plan.output,
+        "consumer type": "efo" if plan.consumer_arn else "polling",
     }
     if expected["output"] is None or stored["output"] is None:  # protocol tests, and plans of earlier versions: Parquet
         expected["output"] = (expected["output"] or {}).get("format", "parquet")
@@ -723,7 +739,8 @@ def run_window(
         stream_name=settings.stream_name, consumer_name=settings.consumer_name, shards=shards, start=start, end=end,
         slices=int(slices), now=now, output_location=location,
     )  # fmt: skip
-    plan = replace(plan, output=_output_spec(settings.sink))
+    plan = replace(plan, output=_output_spec(settings.sink),
+                   consumer_arn=_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, settings.consumer_type))
     log.info("Window [%s, %s): %d shards x %d time slices, output %s",
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)

@@ -217,7 +217,9 @@ def job_session_policy(
 
     Shape: an IAM policy document (dict). Actions: ``kinesis:GetShardIterator``,
     ``kinesis:GetRecords``, ``kinesis:ListShards``, ``kinesis:DescribeStreamSummary`` on the
-    stream's ARN (any account: the role's own policy names the account), ``kms:Decrypt`` only
+    stream's ARN (any account: the role's own policy names the account; a given ARN as it is),
+    ``kinesis:SubscribeToShard`` and ``kinesis:DescribeStreamConsumer`` on its consumers (enhanced
+    fan-out), ``kms:Decrypt`` only
     through Kinesis in the region (encrypted streams, Kinesis developer guide); for an S3
     ``output_location`` (``s3://`` or ``s3a://``): ``s3:GetObject``, ``s3:PutObject``,
     ``s3:DeleteObject``, ``s3:AbortMultipartUpload`` under that directory and its staging
@@ -227,6 +229,8 @@ def job_session_policy(
     table, only on items whose partition key is ``store_key`` (condition ``dynamodb:LeadingKeys``).
     """
     region = region or "*"
+    # A stream ARN (another account's stream, shared by its resource policy) is the resource itself.
+    stream_resource = str(arn) if (arn := parse_stream_arn(stream_name)) else f"arn:{partition}:kinesis:{region}:*:stream/{stream_name}"
     statements: list[dict[str, Any]] = []
     parsed = urlparse(output_location or "")
     if parsed.scheme in ("s3", "s3a", "s3n") and parsed.netloc:
@@ -263,8 +267,12 @@ def job_session_policy(
             {
                 "Effect": "Allow",
                 "Action": ["kinesis:GetShardIterator", "kinesis:GetRecords", "kinesis:ListShards", "kinesis:DescribeStreamSummary"],
-                # A stream ARN (another account's stream, shared by its resource policy) is the resource itself.
-                "Resource": [str(arn) if (arn := parse_stream_arn(stream_name)) else f"arn:{partition}:kinesis:{region}:*:stream/{stream_name}"],
+                "Resource": [stream_resource],
+            },
+            {  # enhanced fan-out: the stream's registered consumers
+                "Effect": "Allow",
+                "Action": ["kinesis:SubscribeToShard", "kinesis:DescribeStreamConsumer"],
+                "Resource": [f"{stream_resource}/consumer/*"],
             },
             {
                 "Effect": "Allow",

@@ -11,11 +11,12 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.admin import discard_pending, rewind
+from airflow_kinesis_spark.core.consumers import deregister_stream_consumer
 from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.exceptions import CheckpointConflictError
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 
-__all__ = ["KinesisCheckpointRewindOperator", "KinesisDiscardPendingBatchOperator"]
+__all__ = ["KinesisCheckpointRewindOperator", "KinesisDiscardPendingBatchOperator", "KinesisDeregisterStreamConsumerOperator"]
 
 
 class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
@@ -164,3 +165,36 @@ class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
                              self.consumer_name, result["holder"], "would be discarded" if self.dry_run else "discarded",
                              result["discarded_output"])  # fmt: skip
         return result
+
+
+class KinesisDeregisterStreamConsumerOperator(ConsumerHooksMixin, BaseOperator):
+    """Deregister the stream consumer ``consumer_type="efo"`` registered for a consumer.
+
+    A registered stream consumer is billed per shard-hour while it exists (and per GB pushed);
+    deregister it when the consumer goes back to polling or is retired. The checkpoints are
+    untouched: the next enhanced fan-out run registers it again.
+
+    :param stream_name: the stream, by name or ARN (templated).
+    :param consumer_name: the consumer (templated).
+    :param aws_conn_id: the ``aws`` connection (templated).
+    :param region_name: overrides the connection's region (templated).
+    :returns: (XCom) ``stream``, ``consumer_name``, ``deregistered`` (``False``: it was not registered).
+    """
+
+    template_fields: Sequence[str] = ("stream_name", "consumer_name", "aws_conn_id", "region_name")
+
+    def __init__(
+        self, *, stream_name: str, consumer_name: str, aws_conn_id: str | None = "aws_default", region_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.stream_name = stream_name
+        self.consumer_name = consumer_name
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        existed = deregister_stream_consumer(self.kinesis_hook.conn, self.stream_name, self.consumer_name)
+        self.log.info("Stream consumer %s of %s: %s", self.consumer_name, self.stream_name,
+                      "deregistered" if existed else "was not registered")  # fmt: skip
+        return {"stream": self.stream_name, "consumer_name": self.consumer_name, "deregistered": existed}

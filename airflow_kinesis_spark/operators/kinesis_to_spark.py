@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
 from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS
 from airflow_kinesis_spark.core.positions import parse_timestamp
@@ -87,6 +88,13 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         path Spark's Parquet writer takes (local, ``s3a://``, ...) (templated). For
         ``output_format="delta"`` the Delta table's location; for ``iceberg`` where Spark writes
         the table's files (and the table's location when it is created).
+    :param consumer_type: ``polling`` (default: ``GetRecords``, sharing each shard's 2 MiB/s and
+        5 calls per second with every other polling reader) or ``efo`` (enhanced fan-out: the
+        consumer is registered as a stream consumer of the stream, or reused, and the job reads
+        with ``SubscribeToShard``: 2 MiB/s per shard of its own, pushed; billed per
+        consumer-shard-hour while registered: deregister with ``kinesis-spark deregister-consumer``
+        or ``KinesisDeregisterStreamConsumerOperator``). Same records, reports and checkpoints:
+        a consumer may switch between batches (a pending batch keeps the type it was planned with).
     :param output_format: ``parquet`` (default), ``iceberg`` or ``delta``; with ``table``,
         ``catalog_conn_id``, ``catalog_properties``, ``partition_by``, ``max_records_per_file``
         and ``storage_options``: see :class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`
@@ -194,6 +202,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
 
     template_fields: Sequence[str] = (
         *OUTPUT_TEMPLATE_FIELDS,
+        "consumer_type",
         "stream_name",
         "consumer_name",
         "checkpoint_table",
@@ -251,9 +260,11 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         partition_by: Sequence[str] | None = None,
         max_records_per_file: int = 0,
         storage_options: dict[str, str] | None = None,
+        consumer_type: str = "polling",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.consumer_type = consumer_type
         self._init_output(
             output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
             partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
@@ -319,6 +330,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
             raise ValueError("output_path is required: a directory Spark can write Parquet to")
         _check_local_output(self.output_path)
         self.validate_output()
+        if self.consumer_type not in CONSUMER_TYPES:
+            raise ValueError(f"consumer_type must be one of {', '.join(CONSUMER_TYPES)}; got {self.consumer_type!r}")
         for name in ("cutoff", "initial_timestamp"):
             value = getattr(self, name)
             if value:
@@ -441,6 +454,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
             lease_seconds=self.lease_seconds,
             min_call_interval=self.min_call_interval,
             sink=self.sink,
+            consumer_type=self.consumer_type,
         )
 
     @cached_property
@@ -598,6 +612,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
             stream_name=self.stream_name, consumer_name=self.consumer_name, output_root=self.output_path,
             start=start, end=end, time_slices=self.time_slices, slice_length=self.slice_length, parallelism=parallelism,
             allow_data_loss=self.allow_data_loss, min_call_interval=self.min_call_interval, sink=self.sink,
+            consumer_type=self.consumer_type,
         )  # fmt: skip
         if not self.checkpoint_table:
             return run_window(self.kinesis_hook.conn, self.spark_job, settings)

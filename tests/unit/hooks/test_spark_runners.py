@@ -46,21 +46,25 @@ def test_a_plaintext_remote_server_is_refused_unless_allowed():
 def test_the_session_policy_allows_reading_one_stream_only():
     policy = job_session_policy("orders", "eu-west-1", "aws")
     json.dumps(policy)
-    kinesis, kms = policy["Statement"]
+    kinesis, fan_out, kms = policy["Statement"]
     assert sorted(kinesis["Action"]) == ["kinesis:DescribeStreamSummary", "kinesis:GetRecords", "kinesis:GetShardIterator", "kinesis:ListShards"]
     assert kinesis["Resource"] == ["arn:aws:kinesis:eu-west-1:*:stream/orders"]
+    assert sorted(fan_out["Action"]) == ["kinesis:DescribeStreamConsumer", "kinesis:SubscribeToShard"]
+    assert fan_out["Resource"] == ["arn:aws:kinesis:eu-west-1:*:stream/orders/consumer/*"]  # its consumers only
+    shared = job_session_policy("arn:aws:kinesis:eu-west-1:111122223333:stream/orders", "eu-west-1", "aws")["Statement"]
+    assert shared[0]["Resource"] == ["arn:aws:kinesis:eu-west-1:111122223333:stream/orders"]  # a given ARN as it is
     assert kms["Action"] == ["kms:Decrypt"] and kms["Condition"] == {"StringEquals": {"kms:ViaService": "kinesis.eu-west-1.amazonaws.com"}}
 
 
 def test_an_s3_output_location_may_be_written_and_nothing_else():
     policy = job_session_policy("orders", "eu-west-1", "aws", output_location="s3a://lake/orders/batch_id=7")
-    objects, bucket, kms = policy["Statement"][2:]
+    objects, bucket, kms = policy["Statement"][3:]
     # the batch directory and its staging directories (core.job.staging_location): `*` spans `/`
     assert objects["Resource"] == ["arn:aws:s3:::lake/orders/batch_id=7", "arn:aws:s3:::lake/orders/batch_id=7/*",
                                    "arn:aws:s3:::lake/orders/_staging/batch_id=7-*"]
     assert "s3:PutObject" in objects["Action"] and bucket == {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": ["arn:aws:s3:::lake"]}
     assert kms["Condition"] == {"StringEquals": {"kms:ViaService": "s3.eu-west-1.amazonaws.com"}}
-    assert len(job_session_policy("orders", "eu-west-1", output_location="/local/out/batch_id=7")["Statement"]) == 2
+    assert len(job_session_policy("orders", "eu-west-1", output_location="/local/out/batch_id=7")["Statement"]) == 3
 
 
 def test_a_job_that_takes_its_batch_from_the_store_may_touch_its_consumers_items_only():

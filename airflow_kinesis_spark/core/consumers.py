@@ -1,0 +1,102 @@
+"""Registered stream consumers for enhanced fan-out (EFO): register or reuse, wait until ACTIVE,
+deregister.
+
+A registered consumer gets its own 2 MiB/s per shard, pushed through ``SubscribeToShard``,
+instead of sharing each shard's 2 MiB/s and 5 ``GetRecords`` calls per second with every other
+polling reader. It is billed per consumer-shard-hour while registered, and per GB pushed
+(Kinesis pricing), so deregistering is an explicit action (:func:`deregister_stream_consumer`,
+``kinesis-spark deregister-consumer``), never a side effect of a run.
+
+No Airflow import.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from airflow_kinesis_spark.core.names import parse_stream_arn, stream_name_of
+from airflow_kinesis_spark.core.shards import describe_stream_summary
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CONSUMER_TYPES", "ensure_stream_consumer", "deregister_stream_consumer", "stream_arn_of"]
+
+#: ``consumer_type`` values: ``polling`` (GetRecords, the shard's shared read budget) or ``efo``
+#: (enhanced fan-out: a registered stream consumer, SubscribeToShard).
+CONSUMER_TYPES = ("polling", "efo")
+
+
+def stream_arn_of(client: Any, stream: str) -> str:
+    """The stream's ARN: ``stream`` itself when it is one, else from ``DescribeStreamSummary``."""
+    return stream if parse_stream_arn(stream) else describe_stream_summary(client, stream)["StreamARN"]
+
+
+def _code(err: ClientError) -> str:
+    return err.response.get("Error", {}).get("Code", "")
+
+
+def ensure_stream_consumer(
+    client: Any, stream: str, consumer_name: str, *, wait_seconds: float = 120.0, poll_seconds: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:  # fmt: skip
+    """Register ``consumer_name`` as a stream consumer of ``stream`` (or reuse it) and wait until
+    it is ``ACTIVE`` (registration takes seconds; Kinesis API reference, RegisterStreamConsumer).
+
+    Calls: ``DescribeStreamSummary`` (a stream given by name), ``DescribeStreamConsumer``, and,
+    for a consumer not registered yet, ``RegisterStreamConsumer``; then ``DescribeStreamConsumer``
+    every ``poll_seconds`` while it is ``CREATING``.
+
+    :returns: the consumer's ARN (what ``SubscribeToShard`` takes).
+    :raises RuntimeError: the consumer is being deleted, or not ACTIVE within ``wait_seconds``.
+    :raises StreamNotFoundError: the stream does not exist.
+    :raises botocore.exceptions.ClientError: another error (e.g. the stream's limit of 20
+        registered consumers: ``LimitExceededException``).
+    """
+    stream_arn = stream_arn_of(client, stream)
+    try:
+        description = client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["ConsumerDescription"]
+    except ClientError as err:
+        if _code(err) != "ResourceNotFoundException":
+            raise
+        try:
+            description = client.register_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["Consumer"]
+            log.info("Registered stream consumer %s of stream %s for enhanced fan-out (billed per shard-hour while "
+                     "registered; deregister with kinesis-spark deregister-consumer)", consumer_name, stream_name_of(stream))  # fmt: skip
+        except ClientError as again:
+            if _code(again) != "ResourceInUseException":  # registered meanwhile by a concurrent run
+                raise
+            description = client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["ConsumerDescription"]
+    arn = description["ConsumerARN"]
+    deadline = time.monotonic() + wait_seconds
+    while description.get("ConsumerStatus") != "ACTIVE":
+        if description.get("ConsumerStatus") == "DELETING":
+            raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)} is being deregistered; "
+                               "retry once it is gone (it is then registered anew)")  # fmt: skip
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)} is not ACTIVE after "
+                               f"{wait_seconds:g} s (status {description.get('ConsumerStatus')})")  # fmt: skip
+        sleep(poll_seconds)
+        description = client.describe_stream_consumer(ConsumerARN=arn)["ConsumerDescription"]
+    return arn
+
+
+def deregister_stream_consumer(client: Any, stream: str, consumer_name: str) -> bool:
+    """Deregister the stream consumer ``consumer_name`` of ``stream`` (its billing stops; its
+    checkpoints are untouched, and the next EFO run registers it again).
+
+    :returns: whether a consumer was registered (and is now being deregistered).
+    """
+    stream_arn = stream_arn_of(client, stream)
+    try:
+        client.deregister_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)
+    except ClientError as err:
+        if _code(err) == "ResourceNotFoundException":
+            return False
+        raise
+    log.info("Deregistered stream consumer %s of stream %s", consumer_name, stream_name_of(stream))
+    return True
