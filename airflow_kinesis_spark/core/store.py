@@ -580,11 +580,14 @@ class DynamoDBCheckpointStore:
         if head.pending_batch_id == batch_id and head.pending_owner != owner and head.pending_heartbeat is not None:
             age = (_now_ms() - head.pending_heartbeat) / 1000
             if age < lease_seconds:
+                left = lease_seconds - age
                 raise BatchLeaseHeldError(
                     f"batch {batch_id} of stream {self.stream_name!r}, consumer {self.consumer_name!r} is being run "
-                    f"by {head.pending_owner} (last heartbeat {age:.1f}s ago, lease {lease_seconds:g}s). Another run "
-                    "of this consumer is at work; retry after it ends or its lease expires.",
-                    batch_id=batch_id, holder=head.pending_owner, heartbeat_age_seconds=age,
+                    f"by {head.pending_owner} (last heartbeat {age:.1f}s ago, lease {lease_seconds:g}s): it may be "
+                    f"taken over in {left:.0f}s if that holder does not renew its lease. Another run of this consumer "
+                    "is at work, or one that died recently; retry after that (a task's retry_delay longer than the "
+                    "lease does it: docs/troubleshooting.md).",
+                    batch_id=batch_id, holder=head.pending_owner, heartbeat_age_seconds=age, seconds_left=left,
                 )  # fmt: skip
 
     def _update_lease(self, batch_id: int, owner: str, lease_seconds: float) -> None:

@@ -534,8 +534,10 @@ def test_a_live_lease_blocks_take_over_and_an_expired_one_does_not(dynamodb, uni
     store.ensure_table()
     plan = make_plan(1, open_shards(2))
     store.begin(plan, "run-a")
-    with pytest.raises(BatchLeaseHeldError, match=r"being run by run-a \(last heartbeat .*s ago, lease 60s\)"):
+    with pytest.raises(BatchLeaseHeldError, match=r"being run by run-a \(last heartbeat .*s ago, lease 60s\): it may be "
+                       r"taken over in (59|60)s") as held:
         store.take_over(1, "run-b", lease_seconds=60)
+    assert 58 < held.value.seconds_left <= 60  # the error tells when the batch can be taken over
     store.heartbeat(1, "run-a")
     time.sleep(0.3)
     store.take_over(1, "run-b", lease_seconds=0.2)  # run-a stopped renewing: its lease expired
