@@ -282,12 +282,14 @@ def main(argv: list[str] | None = None) -> int:
             load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
             ingest(stream, work / f"out-{kind}", connect=True, **settings)
         ingest(stream, work / "out-small", connect=True)
-        for _ in range(args.repeat):
+        for rep in range(args.repeat):
             summary, wall = ingest(stream, work / "out-small")
             assert summary["status"] == "no_new_records", summary
             costs["no_data"].append(wall)
             load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
-            for kind in ("warm", "warm_iceberg", "warm_delta"):  # the same new records, in each format
+            order = ["warm", "warm_iceberg", "warm_delta"]
+            order = order[rep % 3:] + order[: rep % 3]  # each format first as often as the others
+            for kind in order:  # the same new records, in each format
                 summary, wall = ingest(stream, work / f"out-{kind}" if kind in tables else work / "out-small",
                                        connect=True, **tables.get(kind, {}))  # fmt: skip
                 assert summary["status"] == "committed", summary

@@ -325,7 +325,9 @@ def write_output(data: Any, plan: dict[str, Any], location: str) -> None:
                          f"lacks (columns: {data.columns}); keep them in the transform, or change partition_by")  # fmt: skip
     for transform, source, name in partition:
         data = data.withColumn(name, _partition_column(transform, source))
-    writer = data.repartition(*[name for _, _, name in partition]).write if partition else data.write
+    # No repartition (a shuffle stage on every batch): Spark's writer sorts each task's rows by the
+    # partition columns and writes one file per (task, partition value); compaction merges them.
+    writer = data.write
     if output.get("max_records_per_file"):
         writer = writer.option("maxRecordsPerFile", int(output["max_records_per_file"]))
     if partition:

@@ -39,7 +39,7 @@ class OutputSettingsMixin:
         ``["day(approximate_arrival_timestamp)"]``). Delta: partition columns (default
         ``["arrival_date"]``, the UTC arrival date the job adds). ``[]``: unpartitioned.
     :param max_records_per_file: cap on rows per data file (Spark's ``maxRecordsPerFile``;
-        0: none). Each partition's rows of a batch go to one file otherwise.
+        0: none). Otherwise each Spark task writes one file per partition value it holds.
     :param storage_options: delta-rs storage options for an ``s3://`` table (locking provider,
         ...); credentials, region and endpoint come from ``aws_conn_id`` when not set.
     """

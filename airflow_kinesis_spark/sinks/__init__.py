@@ -100,9 +100,8 @@ class OutputSpec:
 
     :param format: one of :data:`OUTPUT_FORMATS`.
     :param partition: the fields the job partitions files by (one file holds one partition).
-    :param max_records_per_file: Spark's ``maxRecordsPerFile`` (0: no cap); with ``partition``,
-        each partition's rows go to one task, so a batch writes one file per partition value
-        unless this cap splits it.
+    :param max_records_per_file: Spark's ``maxRecordsPerFile`` (0: no cap); a batch writes one
+        file per (Spark task, partition value) unless this cap splits it.
     :param derived: ``(name, transform, source)`` columns the job adds to every row when the
         transform did not make them (Delta's default ``arrival_date``).
     """
