@@ -18,7 +18,7 @@ PY35 := $(VENV35)/bin/python
 SPARK35_REQUIREMENTS := 'pyspark==3.5.9' 'numpy<2' 'pandas>=2.1,<2.2' 'pyarrow>=15,<16' 'boto3>=1.34' 'aws-kinesis-agg>=1.2' \
   'protobuf>=4.21' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
 
-.PHONY: bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
+.PHONY: bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -94,6 +94,11 @@ demo-resharding: venv kinesalite
 # several batches, checked exactly-once against the producer.
 demo-split: venv
 	$(PY) -m demo.run_split
+
+# The example DAG into an Iceberg table (SQL catalog on SQLite) and a Delta table, two runs killed
+# between the table commit and the checkpoint commit, a window re-run; read back and checked.
+demo-tables: venv
+	$(PY) -m demo.run_tables
 
 # The suite runs on every core (pytest-xdist, work stealing): most tests wait on emulators, JVM
 # starts and Spark jobs, and each worker starts its own emulators on free ports. TEST_WORKERS=1

@@ -24,6 +24,7 @@ def test_there_are_example_dags():
         "kinesis_microbatch.py",
         "kinesis_sensors.py",
         "kinesis_split.py",
+        "kinesis_tables.py",
     ]
 
 
