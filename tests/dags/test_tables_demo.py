@@ -26,6 +26,7 @@ def test_tables_demo_commits_every_record_once_through_kills(tmp_path):
     assert result["records_in"] == 1500 + 17  # the log lines and the user records of kpl_vectors.json
     assert result["iceberg_rows"] == result["delta_rows"] == result["records_in"]
     assert result["duplicates"] == 0 and result["missing"] == 0
-    assert result["batches"] >= 3 and result["killed_between_table_and_checkpoint_commit"] == 2
-    assert result["snapshots"] >= 3 and result["versions"] >= 3 and result["one_snapshot_or_version_per_batch"]
+    assert result["batches"] >= 2 and result["killed_between_table_and_checkpoint_commit"] == 2
+    # Three parts of records; a consumer whose task a kill stopped before it ran reads two parts in one batch.
+    assert result["snapshots"] >= 2 and result["versions"] >= 2 and result["one_snapshot_or_version_per_batch"]
     assert result["window_identical"] and result["window_rows"] == 500 + 17
