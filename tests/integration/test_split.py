@@ -1,6 +1,6 @@
 """Split tasks (operators/split.py) against moto over HTTP, each task's ``execute`` as Airflow's
-task runner calls it: the plan task can be built, and with nothing to read it skips the job
-task and still hands the commit task its summary."""
+task runner calls it: the plan task can be built, with nothing to read it skips the job
+task and still hands the commit task its summary, and a table output is committed by the commit task."""
 
 from __future__ import annotations
 
@@ -92,3 +92,69 @@ def test_with_nothing_to_read_the_job_is_skipped_and_the_commit_returns_the_plan
         assert summary["status"] == status and summary == handover["summary"]
         head = store.head()
         assert head.pending_batch_id is None and head.committed_batch_id == committed
+
+
+def test_a_split_group_with_a_delta_output_commits_the_batch_to_the_table_in_the_commit_task(
+    aws_conn, kinesis, dynamodb, unique_name, tmp_path
+):
+    """Plan task (the output spec goes into the stored plan), a job that takes its batch from the
+    store (``core.job.run_handed_batch``; a pyarrow writer stands in for Spark, which this
+    moto-only test does not start), commit task: the Delta table gets the batch once, with its
+    transaction, and a retried commit adds nothing."""
+    import os
+    import shutil
+    from datetime import timedelta
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    from airflow_kinesis_spark.core.job import job_arguments_from, run_handed_batch
+    from demo.producer import put_plain
+    from tests.helpers import read_plan
+
+    create_stream(kinesis, unique_name, 2)
+    put_plain(kinesis, unique_name, [(f"k{i}", f"row {i}".encode()) for i in range(20)])
+    output = tmp_path / "delta"
+
+    @dag(dag_id="split_test", schedule=None)
+    def split_test():
+        kinesis_batch_task_group(
+            "g", job=lambda arguments: BaseOperator(task_id="job"), stream_name=unique_name, consumer_name="lake",
+            checkpoint_table=f"{unique_name}_t", output_path=str(output), output_format="delta",
+        )  # fmt: skip
+
+    split = split_test()
+    plan_task, commit = split.get_task("g.plan"), split.get_task("g.commit")
+    xcoms: dict[tuple[str, str], Any] = {}
+    handover = plan_task.execute(context_for(plan_task, xcoms))
+    xcoms[("g.plan", BaseXCom.XCOM_RETURN_KEY)] = handover  # what Airflow's task runner pushes
+    assert handover["status"] == "pending"
+    arguments = job_arguments_from(xcoms[("g.plan", JOB_ARGUMENTS_KEY)])
+    store = DynamoDBCheckpointStore(dynamodb, arguments.checkpoint_table, arguments.stream_name, arguments.consumer_name)
+    assert store.pending_plan(store.head()).output["format"] == "delta"  # what the job writes travels in the plan
+
+    def write(plan, location):  # the job's write: the plan's rows, one file per arrival_date (the plan's spec)
+        rows, reports = read_plan(kinesis, plan)
+        day = (plan.cutoff - timedelta(seconds=1)).date()
+        folder = os.path.join(location, f"_p0={day.isoformat()}")
+        os.makedirs(folder)
+        arrival = pa.array([plan.cutoff - timedelta(seconds=1)] * len(rows), pa.timestamp("us", tz="UTC"))
+        pq.write_table(pa.table({"shard_id": [r[0] for r in rows], "sequence_number": [r[1] for r in rows],
+                                 "approximate_arrival_timestamp": arrival, "arrival_date": pa.array([day] * len(rows), pa.date32())}),
+                       os.path.join(folder, "part-0.parquet"))  # fmt: skip
+        return {"records": len(rows), "quarantine_location": None, "reports": [r.to_dict() for r in reports]}
+
+    def publish(staging, target):
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.move(staging, target)
+
+    run_handed_batch(store, arguments, write=write, publish=publish, discard=lambda s: shutil.rmtree(s, True), cancel=lambda: None)
+    summary = commit.execute(context_for(commit, xcoms))
+    assert summary["status"] == "committed" and summary["records"] == 20
+    assert summary["output_format"] == "delta" and summary["table"]["version"] == 0 and summary["table"]["files"] == 1
+    table = DeltaTable(str(output))
+    assert pa.table(table.to_pyarrow_table()).num_rows == 20 and table.transaction_version(f"airflow-kinesis-spark:{unique_name}:lake") == 1
+    again = commit.execute(context_for(commit, xcoms))  # a retried commit task: nothing added
+    assert again["status"] == "committed" and DeltaTable(str(output)).version() == 0
