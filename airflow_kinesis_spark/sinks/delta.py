@@ -18,10 +18,10 @@
   protocol; on S3 that needs a locking provider or conditional writes in ``storage_options``
   (delta-rs: ``AWS_S3_LOCKING_PROVIDER=dynamodb`` with ``DELTA_DYNAMO_TABLE_NAME``, or
   ``aws_conditional_put``), as the library documents.
-- **Windows.** One commit removes the table's files of this stream that lie wholly inside the
-  window (by their ``approximate_arrival_timestamp`` statistics) and adds the window's files. A
-  file that straddles the window's bounds cannot be removed without rewriting it: the commit fails
-  naming it (write windows to their own table, or align them with the files).
+- **Windows.** One commit replaces the window's rows of this stream: it removes the table's files
+  that lie wholly inside the window (by their ``approximate_arrival_timestamp`` statistics) and
+  adds the window's files; when files straddle the window's bounds, delta-rs's predicate
+  overwrite rewrites them and writes the window's rows instead (read into the worker's memory).
 """
 
 from __future__ import annotations
@@ -165,19 +165,46 @@ class DeltaSink(Sink):
         )
 
     def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
-        """Remove the window's earlier files of this stream and add the window's files, in one commit.
+        """Replace the window's rows of this stream with the window's files, in one commit.
 
-        :raises TableCommitError: a file of the table straddles the window's bounds.
+        When every earlier file with rows of the window lies wholly inside it (windows written by
+        window runs, day-aligned windows over day-partitioned batches), the commit removes those
+        files and adds Spark's. Otherwise delta-rs replaces the rows matching the window
+        (``write_deltalake(mode="overwrite", predicate=...)``: it rewrites the straddling files and
+        writes the window's rows, which are read into the worker's memory for it).
         """
         from deltalake import CommitProperties
 
         table = self.load()
-        removes = [] if table is None else self._window_files(table, plan)
         label = f"{plan.window_start.isoformat()}/{plan.cutoff.isoformat()}"
         properties = CommitProperties(custom_metadata={"kinesis-spark.stream": stream_name_of(plan.stream_name), "kinesis-spark.window": label})
-        return self._commit(table, plan, properties, removes=removes)
+        removes, straddling = ([], []) if table is None else self._window_files(table, plan)
+        if not straddling:
+            return self._commit(table, plan, properties, removes=removes)
+        return self._replace_rows(table, plan, properties, straddling)
 
-    def _window_files(self, table: Any, plan: Any) -> list[Any]:
+    def _replace_rows(self, table: Any, plan: Any, properties: Any, straddling: list[str]) -> TableCommit:
+        import pyarrow.dataset as ds
+        from deltalake import write_deltalake
+
+        from airflow_kinesis_spark.sinks.files import filesystem
+
+        files = list_data_files(plan.output_location, self.storage_options)
+        if not files:
+            raise TableCommitError(f"window {plan.output_location} holds no data file; nothing committed")
+        filesys, _ = filesystem(files[0].uri, self.storage_options)
+        rows = ds.dataset([filesystem(f.uri, self.storage_options)[1] for f in files], filesystem=filesys, format="parquet")
+        stream = stream_name_of(plan.stream_name).replace("'", "''")
+        predicate = (f"approximate_arrival_timestamp >= '{plan.window_start.isoformat()}' AND "
+                     f"approximate_arrival_timestamp < '{plan.cutoff.isoformat()}' AND stream_name = '{stream}'")  # fmt: skip
+        log.info("table %s: %d files straddle the window's bounds (e.g. %s): replacing its rows with delta-rs's "
+                 "predicate overwrite", self.uri, len(straddling), straddling[0])  # fmt: skip
+        write_deltalake(table, rows.to_table(), mode="overwrite", predicate=predicate, commit_properties=properties)
+        table.update_incremental()
+        return TableCommit("delta", self.uri, version=table.version(), files=len(files))
+
+    def _window_files(self, table: Any, plan: Any) -> tuple[list[Any], list[str]]:
+        """``(remove actions of the files wholly inside the window, paths of files straddling it)``."""
         import pyarrow as pa
         from deltalake.transaction import RemoveAction
 
@@ -196,14 +223,7 @@ class DeltaSink(Sink):
                 removes.append(RemoveAction(a["path"], True, now, a["size_bytes"], partition))
             elif low < end and high >= start:
                 straddling.append(a["path"])
-        if straddling:
-            raise TableCommitError(
-                f"table {self.uri}: {len(straddling)} files hold rows both inside and outside window "
-                f"[{start.isoformat()}, {end.isoformat()}) (or have no arrival-time statistics), e.g. {straddling[0]}; "
-                "a window can replace only whole files. Nothing was committed. Write windows to their own table, or "
-                "choose a window that covers those files' rows."
-            )
-        return removes
+        return removes, straddling
 
     def compact(self, start: Any, end: Any, *, target_size: int | None = None) -> dict[str, Any]:
         """Compact the Delta table's small files (delta-rs ``optimize.compact``): with the default

@@ -99,3 +99,32 @@ def test_a_table_ahead_of_the_checkpoint_store_fails_the_commit_loudly(output_fo
     replanned = type(replanned)(**{**replanned.__dict__, "created_at": DAY + timedelta(hours=1)})  # batch 1 of another history
     with pytest.raises(TableCommitError, match="ahead of the checkpoint store"):
         sink.commit_batch(replanned, [])
+
+
+def test_a_delta_window_over_files_that_straddle_its_bounds_replaces_exactly_its_rows(tmp_path):
+    """Batches wrote files spanning more than the window (a batch's minutes straddle its start):
+    the window's commit must replace the rows inside it and keep the others, in one commit."""
+    location = tmp_path / "table"
+    sink = DeltaSink(str(location))
+    for batch_id in (1, 2, 3):  # 90 rows each, one a second from minute batch_id: the files overlap the window
+        write_batch(location, batch_id, 90, delta=True)
+        sink.commit_batch(plan(location, batch_id), [])
+    before = pa.table(DeltaTable(str(location)).to_pyarrow_table())
+    start, end = DAY + timedelta(minutes=2, seconds=30), DAY + timedelta(minutes=3, seconds=30)
+    inside = [s for s, t in zip(before.column("sequence_number").to_pylist(),
+                                before.column("approximate_arrival_timestamp").to_pylist(), strict=True) if start <= t < end]  # fmt: skip
+    assert 0 < len(inside) < before.num_rows
+    # The window run's own file: the same rows of the window, as its job would write them.
+    window = BatchPlan(batch_id=0, stream_name="s", consumer_name="backfill", cutoff=end, created_at=DAY, ranges=(),
+                       checkpoints={}, output_location=f"{location}/window=w/run=1", mode="window", window_start=start)  # fmt: skip
+    rows = before.filter(pa.compute.and_(pa.compute.greater_equal(before["approximate_arrival_timestamp"], pa.scalar(start)),
+                                         pa.compute.less(before["approximate_arrival_timestamp"], pa.scalar(end))))  # fmt: skip
+    folder = location / "window=w" / "run=1" / f"_p0={DAY.date().isoformat()}"
+    folder.mkdir(parents=True)
+    pq.write_table(rows, folder / "part-0.parquet")
+    version = DeltaTable(str(location)).version()
+    for _ in range(2):  # and a re-run of the window leaves the same rows
+        result = sink.commit_window(window, [])
+        after = pa.table(DeltaTable(str(location)).to_pyarrow_table())
+        assert sorted(after.column("sequence_number").to_pylist()) == sorted(before.column("sequence_number").to_pylist())
+    assert result.version == version + 2  # one commit per window run
