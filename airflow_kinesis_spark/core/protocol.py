@@ -146,6 +146,8 @@ class Sink(Protocol):
 
     def output_spec(self) -> Any: ...
 
+    def planned_output_spec(self) -> Any: ...
+
     def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> Any: ...
 
     def after_checkpoint_commit(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
@@ -228,8 +230,12 @@ def _consumer_arn(kinesis: Any, stream: str, consumer_name: str, consumer_type: 
     return ensure_stream_consumer(kinesis, stream, consumer_name) if consumer_type == "efo" else None
 
 
-def _output_spec(sink: Sink | None) -> dict[str, Any] | None:
-    return sink.output_spec().to_dict() if sink is not None else None
+def _output_spec(sink: Sink | None, *, planning: bool = False) -> dict[str, Any] | None:
+    """The sink's ``OutputSpec`` as stored in a plan (``planning``: with the cap a byte target
+    derives); else the DAG author's settings, what a pending plan is compared on."""
+    if sink is None:
+        return None
+    return sink.planned_output_spec().to_dict() if planning else sink.output_spec().settings()
 
 
 def _is_table(sink: Sink | None) -> bool:
@@ -455,7 +461,7 @@ def plan_batch(
         max_bytes_per_shard=settings.max_bytes_per_shard,
         allow_data_loss=settings.allow_data_loss,
     )
-    plan = replace(plan, checkpoint_table=store.table_name, output=_output_spec(settings.sink),
+    plan = replace(plan, checkpoint_table=store.table_name, output=_output_spec(settings.sink, planning=True),
                    consumer_arn=_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, settings.consumer_type))
     gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
     if gaps:
@@ -505,7 +511,7 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
         "consumer": plan.consumer_name,
         "checkpoint table": plan.checkpoint_table or store.table_name,  # plans of earlier versions do not name it
         "output location": plan.output_location,
-        "output": plan.output,
+        "output": _stored_output_settings(plan.output),
         "consumer type": "efo" if plan.consumer_arn else "polling",
     }
     if expected["output"] is None or stored["output"] is None:  # protocol tests, and plans of earlier versions: Parquet
@@ -529,6 +535,17 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
             "the checkpoint table: check who can write it (docs/security.md).",
             batch_id=pending_batch_id, differences=problems,
         )  # fmt: skip
+
+
+def _stored_output_settings(output: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A stored plan's output spec as the DAG author's settings (``OutputSpec.settings``: without
+    the cap a byte target derived); plans of earlier versions stored a spec without a target."""
+    if not output:
+        return None
+    data = {"target_file_size": 0, **output}
+    if data["target_file_size"]:
+        data.pop("max_records_per_file", None)
+    return data
 
 
 def _gap_detail(gaps: Mapping[str, str]) -> str:
@@ -739,7 +756,7 @@ def run_window(
         stream_name=settings.stream_name, consumer_name=settings.consumer_name, shards=shards, start=start, end=end,
         slices=int(slices), now=now, output_location=location,
     )  # fmt: skip
-    plan = replace(plan, output=_output_spec(settings.sink),
+    plan = replace(plan, output=_output_spec(settings.sink, planning=True),
                    consumer_arn=_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, settings.consumer_type))
     log.info("Window [%s, %s): %d shards x %d time slices, output %s",
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip

@@ -260,6 +260,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         partition_by: Sequence[str] | None = None,
         max_records_per_file: int = 0,
         storage_options: dict[str, str] | None = None,
+        target_file_size: int = 0,
         consumer_type: str = "polling",
         **kwargs: Any,
     ) -> None:
@@ -268,6 +269,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         self._init_output(
             output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
             partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
+            target_file_size=target_file_size,
         )  # fmt: skip
         self.deferrable = deferrable
         self.poke_interval = poke_interval

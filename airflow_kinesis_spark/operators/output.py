@@ -40,6 +40,9 @@ class OutputSettingsMixin:
         ``["arrival_date"]``, the UTC arrival date the job adds). ``[]``: unpartitioned.
     :param max_records_per_file: cap on rows per data file (Spark's ``maxRecordsPerFile``;
         0: none). Otherwise each Spark task writes one file per partition value it holds.
+    :param target_file_size: tables: target bytes per data file (0: none); each plan turns it
+        into a rows cap from the stored bytes per row of the table's latest commit (the first
+        batch of a new table has none). Not with ``max_records_per_file``.
     :param storage_options: delta-rs storage options for an ``s3://`` table (locking provider,
         ...); credentials, region and endpoint come from ``aws_conn_id`` when not set.
     """
@@ -52,9 +55,10 @@ class OutputSettingsMixin:
     def _init_output(
         self, *, output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
-        max_records_per_file: int = 0, storage_options: dict[str, str] | None = None,
+        max_records_per_file: int = 0, storage_options: dict[str, str] | None = None, target_file_size: int = 0,
     ) -> None:  # fmt: skip
         self.output_format = output_format
+        self.target_file_size = target_file_size
         self.table = table
         self.catalog_conn_id = catalog_conn_id
         self.catalog_properties = catalog_properties
@@ -71,7 +75,8 @@ class OutputSettingsMixin:
             raise ValueError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}; got {self.output_format!r}")
         props = dict(self.catalog_properties or {}) or ({"type": "from connection"} if self.catalog_conn_id else None)
         build_sink(self.output_format, self.output_path or "unset", table=self.table, catalog_properties=props,
-                   partition_by=self.partition_by, max_records_per_file=self.max_records_per_file)  # fmt: skip
+                   partition_by=self.partition_by, max_records_per_file=self.max_records_per_file,
+                   target_file_size=self.target_file_size)  # fmt: skip
 
     @cached_property
     def sink(self) -> Sink:
@@ -79,7 +84,7 @@ class OutputSettingsMixin:
         return build_sink(
             self.output_format, self.output_path, table=self.table, catalog_properties=self._catalog_properties(),
             partition_by=self.partition_by, max_records_per_file=self.max_records_per_file,
-            storage_options=self._storage_options(),
+            storage_options=self._storage_options(), target_file_size=self.target_file_size,
         )  # fmt: skip
 
     def _catalog_properties(self) -> dict[str, str] | None:

@@ -186,13 +186,14 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
         job_start_timeout: float = 600.0, aws_conn_id: str | None = "aws_default", region_name: str | None = None,
         output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
-        max_records_per_file: int = 0, storage_options: dict[str, str] | None = None,
+        max_records_per_file: int = 0, storage_options: dict[str, str] | None = None, target_file_size: int = 0,
         **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self._init_output(
             output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
             partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
+            target_file_size=target_file_size,
         )  # fmt: skip
         self.stream_name = stream_name
         self.consumer_name = consumer_name
@@ -279,6 +280,7 @@ def kinesis_batch_task_group(
     partition_by: Sequence[str] | None = None,
     max_records_per_file: int = 0,
     storage_options: dict[str, str] | None = None,
+    target_file_size: int = 0,
     **plan_kwargs: Any,
 ) -> TaskGroup:
     """Plan, job and commit tasks of one incremental batch, as a task group ``group_id``.
@@ -297,7 +299,7 @@ def kinesis_batch_task_group(
     :param commit_kwargs: extra arguments of :class:`KinesisCommitBatchOperator` (``poke_interval``,
         ``job_start_timeout``, ``retries``, ...).
     :param output_format: and ``table``, ``catalog_conn_id``, ``catalog_properties``,
-        ``partition_by``, ``max_records_per_file``, ``storage_options``: the output settings, given
+        ``partition_by``, ``max_records_per_file``, ``target_file_size``, ``storage_options``: the output settings, given
         to the plan task (stored in the plan: what the job writes) and the commit task (the table
         commit) alike.
     :param plan_kwargs: arguments of :class:`KinesisPlanBatchOperator` (cutoff, initial position,
@@ -306,7 +308,8 @@ def kinesis_batch_task_group(
     """
     output = {"output_format": output_format, "table": table, "catalog_conn_id": catalog_conn_id,
               "catalog_properties": catalog_properties, "partition_by": partition_by,
-              "max_records_per_file": max_records_per_file, "storage_options": storage_options}  # fmt: skip
+              "max_records_per_file": max_records_per_file, "storage_options": storage_options,
+              "target_file_size": target_file_size}  # fmt: skip
     with TaskGroup(group_id) as group:
         plan = KinesisPlanBatchOperator(
             task_id="plan", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,

@@ -34,7 +34,7 @@ class KinesisTableCompactionOperator(OutputSettingsMixin, ConsumerHooksMixin, Ba
         (:class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`).
     :param start: / :param end: the arrival-time range (ISO 8601 or datetime, UTC; templated).
         Default: the run's data interval.
-    :param target_file_size: Delta: the files' target size in bytes (``None``: the table's
+    :param target_file_size: Delta: the files' target size in bytes (0: the table's
         ``delta.targetFileSize``, delta-rs default 100 MiB).
     :returns: (XCom) ``table``, ``files_before``, ``files_after`` and ``snapshot_id`` (Iceberg) or
         ``version`` (Delta).
@@ -48,16 +48,16 @@ class KinesisTableCompactionOperator(OutputSettingsMixin, ConsumerHooksMixin, Ba
     def __init__(
         self, *, output_format: str, output_path: str, table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, storage_options: dict[str, str] | None = None,
-        start: str | datetime | None = None, end: str | datetime | None = None, target_file_size: int | None = None,
+        start: str | datetime | None = None, end: str | datetime | None = None, target_file_size: int = 0,
         aws_conn_id: str | None = "aws_default", region_name: str | None = None, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self._init_output(output_format=output_format, table=table, catalog_conn_id=catalog_conn_id,
-                          catalog_properties=catalog_properties, storage_options=storage_options)  # fmt: skip
+                          catalog_properties=catalog_properties, storage_options=storage_options,
+                          target_file_size=target_file_size)  # fmt: skip
         self.output_path = output_path
         self.start = start
         self.end = end
-        self.target_file_size = target_file_size
         self.aws_conn_id = aws_conn_id
         self.region_name = region_name
 
@@ -72,7 +72,7 @@ class KinesisTableCompactionOperator(OutputSettingsMixin, ConsumerHooksMixin, Ba
         start, end = parse_timestamp(start), parse_timestamp(end)
         if start >= end:
             raise ValueError(f"start must be before end; got [{start.isoformat()}, {end.isoformat()})")
-        options = {"target_size": self.target_file_size} if self.output_format == "delta" else {}
+        options = {"target_size": self.target_file_size or None} if self.output_format == "delta" else {}
         result = self.sink.compact(start, end, **options)
         self.log.info("Compacted %s: %s", self.sink.table, result)
         return result

@@ -104,12 +104,17 @@ class OutputSpec:
         file per (Spark task, partition value) unless this cap splits it.
     :param derived: ``(name, transform, source)`` columns the job adds to every row when the
         transform did not make them (Delta's default ``arrival_date``).
+    :param target_file_size: the DAG author's target size of a data file (bytes; 0: none). At
+        planning, the sink turns it into ``max_records_per_file`` from the stored bytes per row of
+        the table's latest commit (:meth:`Sink.planned_output_spec`); Spark's writer has no byte
+        target of its own.
     """
 
     format: str = "parquet"
     partition: tuple[PartitionField, ...] = ()
     max_records_per_file: int = 0
     derived: tuple[tuple[str, str, str], ...] = ()
+    target_file_size: int = 0
 
     def __post_init__(self) -> None:
         if self.format not in OUTPUT_FORMATS:
@@ -122,7 +127,8 @@ class OutputSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "partition": [f.to_list() for f in self.partition],
-                "max_records_per_file": self.max_records_per_file, "derived": [list(d) for d in self.derived]}  # fmt: skip
+                "max_records_per_file": self.max_records_per_file, "derived": [list(d) for d in self.derived],
+                "target_file_size": self.target_file_size}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> OutputSpec:
@@ -134,7 +140,16 @@ class OutputSpec:
             partition=tuple(PartitionField(*f) for f in data.get("partition", ())),
             max_records_per_file=int(data.get("max_records_per_file", 0)),
             derived=tuple(tuple(d) for d in data.get("derived", ())),  # type: ignore[misc]
+            target_file_size=int(data.get("target_file_size", 0)),
         )
+
+    def settings(self) -> dict[str, Any]:
+        """What the DAG author set (without the cap a byte target derives at planning): what a
+        pending plan is compared on."""
+        data = self.to_dict()
+        if self.target_file_size:
+            data.pop("max_records_per_file")
+        return data
 
 
 def plan_marker(plan: Any) -> str:
@@ -188,6 +203,22 @@ class Sink:
         """What the job writes (stored in each plan)."""
         return OutputSpec(self.format)
 
+    def stored_bytes_per_row(self) -> float | None:
+        """Bytes per row of the table's latest commit (``None``: no table or no rows yet)."""
+        return None
+
+    def planned_output_spec(self) -> OutputSpec:
+        """:meth:`output_spec` for a new plan: a ``target_file_size`` becomes ``max_records_per_file``
+        (target / the latest commit's stored bytes per row, at least 1); the first batch of a new
+        table has no estimate and no cap."""
+        from dataclasses import replace
+
+        spec = self.output_spec()
+        if not spec.target_file_size or spec.max_records_per_file:
+            return spec
+        per_row = self.stored_bytes_per_row()
+        return spec if not per_row else replace(spec, max_records_per_file=max(1, int(spec.target_file_size / per_row)))
+
     @property
     def table(self) -> str:
         """The table's identifier (for summaries, assets and lineage)."""
@@ -225,6 +256,7 @@ def build_sink(
     partition_by: Sequence[str] | None = None,
     max_records_per_file: int = 0,
     storage_options: Mapping[str, str] | None = None,
+    target_file_size: int = 0,
 ) -> Sink:
     """The sink of an operator's output settings.
 
@@ -235,8 +267,14 @@ def build_sink(
     :param catalog_properties: Iceberg only: pyiceberg catalog properties (``type``, ``uri``, ...).
     :param partition_by: Iceberg: fields (default ``day(approximate_arrival_timestamp)``); Delta:
         columns (default ``arrival_date``); not for Parquet.
+    :param target_file_size: tables only: target bytes per data file (0: none), turned into a
+        rows cap per batch at planning (:meth:`Sink.planned_output_spec`).
     :raises ValueError: naming the setting, the problem and the fix.
     """
+    if isinstance(target_file_size, bool) or not isinstance(target_file_size, int) or target_file_size < 0:
+        raise ValueError(f"target_file_size must be a number of bytes >= 0 (0: none); got {target_file_size!r}")
+    if target_file_size and max_records_per_file:
+        raise ValueError("set target_file_size or max_records_per_file, not both")
     if output_format not in OUTPUT_FORMATS:
         raise ValueError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
     if isinstance(max_records_per_file, bool) or not isinstance(max_records_per_file, int) or max_records_per_file < 0:
@@ -244,9 +282,9 @@ def build_sink(
     if isinstance(partition_by, str):
         raise ValueError(f"partition_by must be a list of fields, e.g. [{partition_by!r}]; got a string")
     if output_format == "parquet":
-        if table or catalog_properties or partition_by or max_records_per_file:
-            raise ValueError("table, catalog, partition_by and max_records_per_file apply to output_format 'iceberg' or "
-                             "'delta'; the parquet output writes {output_path}/batch_id=N folders")  # fmt: skip
+        if table or catalog_properties or partition_by or max_records_per_file or target_file_size:
+            raise ValueError("table, catalog, partition_by, max_records_per_file and target_file_size apply to output_format "
+                             "'iceberg' or 'delta'; the parquet output writes {output_path}/batch_id=N folders")  # fmt: skip
         from airflow_kinesis_spark.sinks.parquet import ParquetSink
 
         return ParquetSink(output_path, storage_options)
@@ -260,11 +298,13 @@ def build_sink(
         from airflow_kinesis_spark.sinks.iceberg import DEFAULT_PARTITION, IcebergSink
 
         return IcebergSink(table, catalog_properties, output_path, partition_by=DEFAULT_PARTITION if partition_by is None else partition_by,
-                           storage_options=storage_options, max_records_per_file=max_records_per_file)  # fmt: skip
+                           storage_options=storage_options, max_records_per_file=max_records_per_file,
+                           target_file_size=target_file_size)  # fmt: skip
     if table or catalog_properties:
         raise ValueError("output_format 'delta' takes no table or catalog: the Delta table is at output_path")
     from airflow_kinesis_spark.sinks.delta import DEFAULT_PARTITION as DELTA_PARTITION
     from airflow_kinesis_spark.sinks.delta import DeltaSink
 
     return DeltaSink(output_path, partition_by=DELTA_PARTITION if partition_by is None else partition_by,
-                     storage_options=storage_options, max_records_per_file=max_records_per_file)  # fmt: skip
+                     storage_options=storage_options, max_records_per_file=max_records_per_file,
+                     target_file_size=target_file_size)  # fmt: skip

@@ -75,13 +75,14 @@ class DeltaSink(Sink):
         by the job when the transform does not make it). Empty: unpartitioned.
     :param storage_options: delta-rs storage options (credentials, endpoint, locking provider).
     :param max_records_per_file: Spark's ``maxRecordsPerFile`` (0: no cap).
+    :param target_file_size: target bytes per data file (0: none; see ``OutputSpec``).
     """
 
     format = "delta"
 
     def __init__(
         self, location: str, *, partition_by: Sequence[str] = DEFAULT_PARTITION,
-        storage_options: Mapping[str, str] | None = None, max_records_per_file: int = 0,
+        storage_options: Mapping[str, str] | None = None, max_records_per_file: int = 0, target_file_size: int = 0,
     ) -> None:  # fmt: skip
         self.location = location.rstrip("/")
         self.uri = table_uri(self.location)
@@ -91,6 +92,7 @@ class DeltaSink(Sink):
         self.partition_by = tuple(partition_by)
         self.storage_options = dict(storage_options or {})
         self.max_records_per_file = max_records_per_file
+        self.target_file_size = target_file_size
 
     @property
     def table(self) -> str:
@@ -99,7 +101,23 @@ class DeltaSink(Sink):
     def output_spec(self) -> OutputSpec:
         derived = ((ARRIVAL_DATE, "date", "approximate_arrival_timestamp"),) if ARRIVAL_DATE in self.partition_by else ()
         partition = tuple(PartitionField("identity", name, f"_p{i}") for i, name in enumerate(self.partition_by))
-        return OutputSpec("delta", partition, self.max_records_per_file, derived)
+        return OutputSpec("delta", partition, self.max_records_per_file, derived, self.target_file_size)
+
+    def stored_bytes_per_row(self) -> float | None:
+        """From the files of the table's latest commit that added rows (their add actions'
+        ``size`` and ``numRecords``; the table's log, no data file read)."""
+        import pyarrow as pa
+
+        table = self.load()
+        if table is None:
+            return None
+        files = pa.table(table.get_add_actions(flatten=True)).select(["size_bytes", "num_records", "modification_time"]).to_pylist()
+        files = [f for f in files if f["num_records"]]
+        if not files:
+            return None
+        latest = max(f["modification_time"] for f in files)
+        recent = [f for f in files if f["modification_time"] == latest] or files
+        return sum(f["size_bytes"] for f in recent) / sum(f["num_records"] for f in recent)
 
     def load(self) -> Any:
         """The ``DeltaTable``, or ``None`` when there is no table at the location yet."""

@@ -65,6 +65,7 @@ class IcebergSink(Sink):
         transforms ``year``, ``month``, ``day``, ``hour``, ``identity``.
     :param storage_options: credentials and endpoint for ``s3://`` files (delta-rs key names).
     :param max_records_per_file: Spark's ``maxRecordsPerFile`` for the batch's files (0: no cap).
+    :param target_file_size: target bytes per data file (0: none; see ``OutputSpec``).
     :raises ValueError: a malformed table identifier or partition field.
     """
 
@@ -73,7 +74,7 @@ class IcebergSink(Sink):
     def __init__(
         self, table: str, catalog_properties: Mapping[str, str], location: str, *,
         partition_by: Sequence[str] = DEFAULT_PARTITION, storage_options: Mapping[str, str] | None = None,
-        max_records_per_file: int = 0,
+        max_records_per_file: int = 0, target_file_size: int = 0,
     ) -> None:  # fmt: skip
         if not table or "." not in table.strip(".") or any(not part for part in table.split(".")):
             raise ValueError(f"table must be 'namespace.table' (an Iceberg identifier); got {table!r}")
@@ -87,6 +88,7 @@ class IcebergSink(Sink):
             raise ValueError("partition_by: Iceberg has no 'date' transform; use day(column)")
         self.storage_options = dict(storage_options or {})
         self.max_records_per_file = max_records_per_file
+        self.target_file_size = target_file_size
         self._catalog: Any = None
 
     @property
@@ -94,7 +96,18 @@ class IcebergSink(Sink):
         return self.identifier
 
     def output_spec(self) -> OutputSpec:
-        return OutputSpec("iceberg", self.partition, self.max_records_per_file)
+        return OutputSpec("iceberg", self.partition, self.max_records_per_file, target_file_size=self.target_file_size)
+
+    def stored_bytes_per_row(self) -> float | None:
+        """From the latest snapshot that added rows: its summary's ``added-files-size`` /
+        ``added-records`` (no manifest is read)."""
+        table = self.load()
+        for snapshot in reversed(table.metadata.snapshots if table is not None else []):
+            summary = snapshot.summary.additional_properties if snapshot.summary else {}
+            size, rows = int(summary.get("added-files-size") or 0), int(summary.get("added-records") or 0)
+            if size and rows:
+                return size / rows
+        return None
 
     def catalog(self) -> Any:
         """The pyiceberg catalog (loaded once)."""

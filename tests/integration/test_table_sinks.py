@@ -128,3 +128,25 @@ def test_a_delta_window_over_files_that_straddle_its_bounds_replaces_exactly_its
         after = pa.table(DeltaTable(str(location)).to_pyarrow_table())
         assert sorted(after.column("sequence_number").to_pylist()) == sorted(before.column("sequence_number").to_pylist())
     assert result.version == version + 2  # one commit per window run
+
+
+@pytest.mark.parametrize("output_format", ["iceberg", "delta"])
+def test_a_target_file_size_becomes_a_rows_cap_from_the_tables_stored_bytes_per_row(output_format, tmp_path):
+    location = tmp_path / "table"
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
+    target = 64 * 1024
+    sink = (IcebergSink("lake.events", catalog, str(location), target_file_size=target) if output_format == "iceberg"
+            else DeltaSink(str(location), target_file_size=target))  # fmt: skip
+    first = sink.planned_output_spec()
+    assert first.target_file_size == target and first.max_records_per_file == 0  # a new table: no estimate, no cap
+    write_batch(location, 1, 400, delta=output_format == "delta")
+    sink.commit_batch(plan(location, 1), [])
+    size = sum(f.stat().st_size for f in (location / "batch_id=1").rglob("*.parquet"))
+    planned = sink.planned_output_spec()
+    assert planned.max_records_per_file == int(target / (size / 400)), (planned, size)
+    # What a pending plan is compared on: the author's settings, not the derived cap.
+    assert planned.settings() == first.settings() and "max_records_per_file" not in first.settings()
+    with pytest.raises(ValueError, match="target_file_size or max_records_per_file"):
+        from airflow_kinesis_spark.sinks import build_sink
+
+        build_sink("delta", str(location), target_file_size=target, max_records_per_file=10)
