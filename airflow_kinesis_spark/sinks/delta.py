@@ -165,13 +165,16 @@ class DeltaSink(Sink):
         raise AssertionError("unreachable")
 
     def _batch_version(self, table: Any, plan: Any, done: int) -> int:
-        """The version whose commit added batch ``plan`` (its own plan), from the table's recent
-        history (:data:`HISTORY_DEPTH` commits).
+        """The version whose commit added batch ``plan`` (its own plan), from the commit info of
+        the table's last :data:`HISTORY_DEPTH` commits.
+
+        The log's ``{version:020}.json`` files are read directly, newest first (delta-rs's
+        ``history()`` did not return on moto's S3: its listing of the log never ended).
 
         :raises TableCommitError: not found: the table's transaction is at ``done`` from another
             checkpoint history.
         """
-        for commit in table.history(limit=HISTORY_DEPTH):
+        for commit in self._commit_infos(table.version()):
             if (commit.get("kinesis-spark.stream") == stream_name_of(plan.stream_name) and commit.get("kinesis-spark.consumer") == plan.consumer_name
                     and commit.get("kinesis-spark.batch-id") == str(plan.batch_id) and commit.get(PLAN_KEY) == plan_marker(plan)):
                 return int(commit["version"])
@@ -181,6 +184,20 @@ class DeltaSink(Sink):
             "of the checkpoint store (its checkpoints were reset or the checkpoint table re-created). Nothing was committed. "
             "Write to a new table, or use a new consumer name for the new checkpoint history."
         )
+
+    def _commit_infos(self, latest: int) -> Any:
+        """``commitInfo`` of versions ``latest``, ``latest - 1``, ... (at most :data:`HISTORY_DEPTH`),
+        each with its ``version``; versions whose log file is gone (log retention) end the walk."""
+        from airflow_kinesis_spark.sinks.files import read_text
+
+        for version in range(latest, max(-1, latest - HISTORY_DEPTH), -1):
+            text = read_text(f"{self.uri}/_delta_log/{version:020d}.json", self.storage_options)
+            if text is None:
+                return
+            for line in text.splitlines():
+                action = json.loads(line) if line.strip() else {}
+                if "commitInfo" in action:
+                    yield {**action["commitInfo"], "version": version}
 
     def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
         """Replace the window's rows of this stream with the window's files, in one commit.
