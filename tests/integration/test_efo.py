@@ -84,3 +84,47 @@ def test_resource_in_use_is_waited_out(fan_out):
     time.sleep(0.2)
     pushed, report = read(kinesis, stream, shard_id, arn)
     assert len(pushed) == 100 and proxy.stats["refused"] >= 1 and report.throttled_calls >= 1
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_operator_batches_with_efo_equal_polling_and_a_consumer_switches_between_them(
+    aws_conn, spark_connect_conn, dynamodb, moto_endpoint, unique_name, tmp_path
+):
+    """KinesisToSparkOperator with consumer_type="efo" (the Spark job subscribes through the local
+    SubscribeToShard) against a polling consumer of the same stream; then the EFO consumer goes
+    back to polling and on with its own checkpoints."""
+    from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+    from demo.producer import committed_rows, verify
+
+    proxy = FanOutProxy(moto_endpoint).start()
+    try:
+        aws_conn(proxy.endpoint)  # Kinesis through the proxy (SubscribeToShard), DynamoDB straight to moto
+        kinesis = client(proxy.endpoint)
+        create_stream(kinesis, unique_name, 2)
+        produced = put_plain(kinesis, unique_name, [(f"p{i}", f"plain {i}".encode()) for i in range(50)])
+        produced += put_aggregated(kinesis, unique_name, [(f"a{i}", f"agg {i}".encode()) for i in range(50)])
+
+        def run(consumer: str, consumer_type: str) -> dict:
+            return KinesisToSparkOperator(
+                task_id="ingest", stream_name=unique_name, consumer_name=consumer, checkpoint_table=f"{unique_name}_t",
+                output_path=str(tmp_path / consumer), min_call_interval=0.0, spark_conn_id=spark_connect_conn,
+                consumer_type=consumer_type,
+            ).execute({})  # fmt: skip
+
+        efo = run("fan-out", "efo")
+        polling = run("polling", "polling")
+        assert efo["records"] == polling["records"] == 100 and proxy.stats["subscriptions"] >= 2  # one per shard range
+        produced += put_plain(kinesis, unique_name, [(f"q{i}", f"more {i}".encode()) for i in range(20)])
+        again = run("fan-out", "polling")  # back to polling, from the EFO batches' checkpoints
+        assert again["batch_id"] == 2 and again["records"] == 20
+        for consumer in ("fan-out", "polling"):
+            from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
+            store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, consumer)
+            rows = committed_rows(tmp_path / consumer, store.head().committed_batch_id)
+            expected = produced if consumer == "fan-out" else produced[:100]
+            verdict = verify(expected, rows)
+            assert verdict.ok, (consumer, verdict)
+    finally:
+        proxy.stop()
