@@ -608,7 +608,8 @@ def _commit(
     """
     table = None
     if sink is not None and sum(r.records for r in reports):
-        store.heartbeat(plan.batch_id, owner)  # still this run's batch: a zombie makes no table commit
+        if _is_table(sink):
+            store.heartbeat(plan.batch_id, owner)  # still this run's batch: a zombie makes no table commit
         started = time.monotonic()
         table = sink.commit_batch(plan, reports)
         if table is not None:
