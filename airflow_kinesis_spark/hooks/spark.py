@@ -347,8 +347,10 @@ class SparkSubmitJob:
         try:
             self._hook.submit(application=spark_script_path())
         except Exception as err:
+            cause = getattr(self._hook, "failure_cause", None)
             raise RuntimeError(
-                f"The Spark job of {label} failed: {err} (spark connection {self.settings.spark_conn_id!r}). {after}"
+                f"The Spark job of {label} failed" + (f": {cause}" if cause else "") + f" (spark connection "
+                f"{self.settings.spark_conn_id!r}). {after}\n{err}"
             ) from err
         finally:
             self._hook = None

@@ -139,7 +139,9 @@ def test_failed_spark_job_is_rerun_from_the_same_plan(aws_conn, spark_calls, kin
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tests")
 
     failing = operator(unique_name, output, transform="failing_transform:explode", spark_py_files=str(FAILING_TRANSFORM))
-    with pytest.raises(RuntimeError, match=r"(?s)The Spark job of batch 1 failed.*injected failure.*plan stays pending"):
+    # The error names the driver's exception first (class and message), not stack frames.
+    with pytest.raises(RuntimeError, match=r"(?s)^The Spark job of batch 1 failed: RuntimeError: injected failure in the user "
+                                           r"transform \(spark connection .*plan stays pending"):
         failing.execute({})
     head = store.head()
     assert head.committed_batch_id == 0 and head.pending_batch_id == 1

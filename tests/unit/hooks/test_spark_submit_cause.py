@@ -1,0 +1,44 @@
+"""The exception a failed spark-submit job names, found in its output (BatchSparkSubmitHook)."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook, exception_line
+
+OUTPUT = """\
+26/11/24 00:16:27 INFO SparkContext: Running Spark version 4.1.1
+Traceback (most recent call last):
+  File "/opt/job/kinesis_batch.py", line 600, in main
+py4j.protocol.Py4JJavaError: An error occurred while calling o45.parquet.
+: org.apache.spark.SparkException: Job aborted due to stage failure
+\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2856)
+Caused by: java.io.IOException: Mkdirs failed to create file:/readonly/lake/_staging/batch_id=1-ab12
+\tat org.apache.hadoop.fs.ChecksumFileSystem.create(ChecksumFileSystem.java:515)
+26/11/24 00:16:28 INFO ShutdownHookManager: Shutdown hook called
+"""
+
+
+@pytest.mark.parametrize(
+    ("line", "cause"),
+    [
+        ("RuntimeError: injected failure in the user transform", "RuntimeError: injected failure in the user transform"),
+        ('Exception in thread "main" java.lang.IllegalArgumentException: bad master', "java.lang.IllegalArgumentException: bad master"),
+        ("Caused by: java.io.IOException: Mkdirs failed to create /x", "java.io.IOException: Mkdirs failed to create /x"),
+        ("26/11/24 00:16:27 INFO CodecPool: Got brand-new compressor [.snappy]", None),
+        ('  File "/opt/job/kinesis_batch.py", line 600, in main', None),
+        ("\tat org.apache.spark.scheduler.DAGScheduler.run(DAGScheduler.scala:1)", None),
+        ("Traceback (most recent call last):", None),
+    ],
+)
+def test_exception_lines(line, cause):
+    assert exception_line(line) == cause
+
+
+def test_the_cause_is_the_last_exception_that_is_not_a_wrapper():
+    hook = BatchSparkSubmitHook(conn_id="spark_default")
+    hook._process_spark_submit_log(iter(OUTPUT.splitlines(keepends=True)))
+    assert hook.failure_cause == "java.io.IOException: Mkdirs failed to create file:/readonly/lake/_staging/batch_id=1-ab12"
+    quiet = BatchSparkSubmitHook(conn_id="spark_default")
+    quiet._process_spark_submit_log(iter(["26/11/24 INFO all good\n"]))
+    assert quiet.failure_cause is None
