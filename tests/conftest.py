@@ -152,6 +152,14 @@ def spark_connect_conn(monkeypatch, spark_connect_endpoint) -> str:
     """A ``spark_connect`` connection (id ``spark_connect_test``) to the test server; returns its id."""
     host, port = spark_connect_endpoint
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": host, "port": port}))
+    try:  # pyspark refuses a remote session beside a regular one a test of this worker left running
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None and not type(active).__module__.startswith("pyspark.sql.connect"):
+            active.stop()
+    except ImportError:
+        pass
     return "spark_connect_test"
 
 

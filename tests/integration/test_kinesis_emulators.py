@@ -82,8 +82,10 @@ def put_vector(client: Any, stream: str, vector: dict) -> list[Put]:
 
 
 def planning_time() -> datetime:
-    # Both emulators truncate arrival times to milliseconds (never round up), so a record
-    # written before this call arrived before the returned time.
+    # Both emulators truncate arrival times to milliseconds, and plans hold their cutoff in
+    # milliseconds too: a record put in the planning millisecond would arrive *at* the cutoff and
+    # rightly be left for the next batch. Plan in a later millisecond than every put before.
+    time.sleep(0.002)
     return datetime.now(timezone.utc)
 
 

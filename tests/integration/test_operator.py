@@ -108,7 +108,9 @@ def test_batches_are_exactly_once_and_leak_no_credentials(
     third = operator(unique_name, output).execute({})
     assert third["status"] == "no_new_records" and third["batch_id"] is None
     assert len(spark_calls) == 2
-    assert sorted(p.name for p in output.iterdir()) == ["batch_id=1", "batch_id=2"]
+    assert sorted(p.name for p in output.iterdir()) == ["_committed", "batch_id=1", "batch_id=2"]
+    assert sorted(p.parent.name for p in (output / "_committed").glob("*/manifest")) == ["batch_id=1", "batch_id=2"]
+    assert all((output / f"batch_id={n}" / "_SUCCESS").exists() for n in (1, 2))  # written after each commit
     assert store.head().committed_batch_id == 2
 
     # Credentials reach Spark through the environment only, and they are temporary (scoped by a

@@ -82,9 +82,13 @@ def batch_log_owners(consumer: Consumer, batch_id: int, kind: str) -> set[str]:
 
 def listing(path: Path) -> dict[str, tuple[int, int, int]]:
     """Every file and directory under ``path`` (itself included): inode, size, mtime (ns). A
-    publish replaces the directory (a new inode) and Spark names its files after its write job."""
-    out = {".": (path.stat().st_ino, 0, path.stat().st_mtime_ns)}
+    publish replaces the directory (a new inode) and Spark names its files after its write job.
+    The ``_SUCCESS`` marker the checkpoint commit adds (sinks.parquet) is not the job's output: it
+    is left out, and so is the directory's own mtime, which adding it changes."""
+    out = {".": (path.stat().st_ino, 0, 0)}
     for item in sorted(path.rglob("*")):
+        if item.name == "_SUCCESS":
+            continue
         st = item.stat()
         out[str(item.relative_to(path))] = (st.st_ino, st.st_size, st.st_mtime_ns)
     return out
