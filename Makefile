@@ -106,10 +106,10 @@ demo-tables: venv
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST := -n $(TEST_WORKERS) --dist worksteal
 
-# The reliability suite's seeded random kills: 20 in `make test` (a cold spark-submit per kill;
+# The reliability suite's seeded random kills: 12 in `make test` (a cold spark-submit per kill;
 # the suite's time budget), all 50 in `make test-reliability`.
 test: venv venv-spark35 kinesalite postgres
-	KILL_POINTS=$${KILL_POINTS:-20} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q $(XDIST)
+	KILL_POINTS=$${KILL_POINTS:-12} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
 	$(MAKE) --no-print-directory test-spark35
 
 # The PySpark job's tests (tests/spark) on Spark 3.5; `make test` runs them on Spark 4 and then here.

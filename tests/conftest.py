@@ -174,3 +174,28 @@ def spark_standalone(tmp_path_factory):
 
     with standalone_cluster(tmp_path_factory.mktemp("spark-standalone"), cores=2, memory="1g") as cluster:
         yield cluster
+
+
+# The longest tests first. Under `make test`'s pytest-xdist work stealing, each worker starts on a
+# contiguous share of the collection and idle workers steal from the end of the others' queues: a long
+# test collected late can only start late and then holds the whole run up alone. These run for minutes
+# each (cold spark-submits per kill, full demos); they go to the front, in this order, the rest keep
+# their order. Names are module paths relative to tests/.
+_LONGEST_FIRST = (
+    "reliability/test_random_kills.py",
+    "deployment/",
+    "dags/test_tables_demo.py",
+    "reliability/test_job_handoff.py",
+    "reliability/test_crash_points.py",
+    "reliability/test_table_commits.py",
+    "dags/",
+    "reliability/",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.nodeid.removeprefix("tests/")
+        return next((i for i, prefix in enumerate(_LONGEST_FIRST) if path.startswith(prefix)), len(_LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: within a rank, collection order
