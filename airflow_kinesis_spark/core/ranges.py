@@ -168,6 +168,14 @@ class ShardReport:
     :param shard_end: whether the shard's end was reached.
     :param stop_reason: one of ``cutoff``, ``caught_up``, ``shard_end``, ``max_records``, ``max_bytes``.
     :param millis_behind_latest: ``MillisBehindLatest`` of the last response (ms), if any.
+    :param get_records_calls: responses read: ``GetRecords`` calls when polling; with enhanced
+        fan-out, ``SubscribeToShardEvent`` events received (one per pushed batch of records).
+    :param throttled_calls: calls the service throttled (``ProvisionedThroughputExceededException``,
+        after botocore's own retries); with enhanced fan-out, ``SubscribeToShard`` calls answered
+        ``LimitExceededException`` or ``ResourceInUseException`` (each retried with backoff).
+    :param expired_iterators: shard iterators renewed after ``ExpiredIteratorException`` when
+        polling; with enhanced fan-out, subscriptions renewed after they ended (the service ends
+        each one after 5 minutes) or failed.
     :param first_arrival: ``ApproximateArrivalTimestamp`` of the first user record read (UTC).
     :param last_arrival: of the last user record read (UTC).
     :param quarantined: Kinesis records sent to quarantine (corrupt aggregates); ``last`` covers

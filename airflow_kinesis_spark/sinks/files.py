@@ -10,6 +10,7 @@ sink takes them in that form and translates them for its library (:func:`pyicebe
 from __future__ import annotations
 
 import posixpath
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +104,7 @@ def write_text(location: str, text: str, storage_options: Mapping[str, str] | No
     filesys, path = filesystem(location, storage_options)
     filesys.create_dir(posixpath.dirname(path), recursive=True)
     if isinstance(filesys, fs.LocalFileSystem):
-        tmp = f"{path}.tmp-{id(text)}"
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         with filesys.open_output_stream(tmp) as out:
             out.write(text.encode())
         filesys.move(tmp, path)
