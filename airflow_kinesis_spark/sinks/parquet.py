@@ -43,7 +43,7 @@ def committed_files(output_root: str, storage_options: Mapping[str, str] | None 
     (what a reader without DynamoDB reads; docs/output.md)."""
     from pyarrow import fs
 
-    from airflow_kinesis_spark.sinks.files import filesystem, read_text
+    from airflow_kinesis_spark.sinks.files import filesystem
 
     filesys, root = filesystem(f"{output_root.rstrip('/')}/{COMMITTED_DIR}", storage_options)
     if filesys.get_file_info(root).type == fs.FileType.NotFound:
@@ -51,9 +51,8 @@ def committed_files(output_root: str, storage_options: Mapping[str, str] | None 
     files: list[str] = []
     for item in sorted(filesys.get_file_info(fs.FileSelector(root, recursive=True)), key=lambda i: i.path):
         if item.type == fs.FileType.File and item.base_name == "manifest":
-            batch = item.path.rsplit("/", 2)[-2]
-            text = read_text(f"{output_root.rstrip('/')}/{COMMITTED_DIR}/{batch}/manifest", storage_options) or ""
-            files += [line for line in text.splitlines() if line]
+            with filesys.open_input_stream(item.path) as src:
+                files += [line for line in src.read().decode().splitlines() if line]
     return files
 
 
