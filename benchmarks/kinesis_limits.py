@@ -15,7 +15,14 @@ answers like the service (Kinesis API reference, GetRecords and GetShardIterator
   of about 10 MiB (never the whole ``Limit`` at once), so it serializes about what the service
   would serve;
 * **5 GetShardIterator calls per second per shard**;
-* **shard iterators expire 5 minutes** after they were issued: ``ExpiredIteratorException``.
+* **shard iterators expire 5 minutes** after they were issued: ``ExpiredIteratorException``;
+* **SubscribeToShard** (enhanced fan-out), which no emulator serves, is answered by the proxy from
+  the emulator's records with the one local SubscribeToShard, :class:`demo.subscribe.ShardSubscriptions`:
+  an event stream botocore reads, paced to 2 MiB/s per consumer and shard (a budget of its own,
+  apart from the polling consumers' 2 MiB/s), subscriptions that end after 5 minutes,
+  ``ChildShards`` at a closed shard's end, one subscription per consumer and shard
+  (``ResourceInUseException``), one call per second (``LimitExceededException``). The consumers
+  themselves (``RegisterStreamConsumer``, ``DescribeStreamConsumer``, ...) are the emulator's.
 
 Everything else passes through. Throttled calls are never forwarded (they cost nothing
 upstream). Counts per operation and outcome are kept in :attr:`ThrottlingProxy.stats`.
@@ -30,6 +37,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
 from demo.proxy import ForwardingProxy
+from demo.subscribe import ShardSubscriptions, SubscribeLimits
 
 __all__ = ["ThrottlingProxy", "KinesisLimits"]
 
@@ -46,8 +54,35 @@ class KinesisLimits:
     max_limit: int = 10_000
     get_shard_iterator_per_second: int = 5
     iterator_ttl_seconds: float = 300.0
-    #: ``False``: only the response caps (10 MiB, 10,000 records) and iterator expiry apply.
+    #: ``False``: only the response caps (10 MiB, 10,000 records) and iterator expiry apply (and,
+    #: for SubscribeToShard, subscription expiry and one subscription per consumer and shard:
+    #: events are not paced, calls not limited to one a second).
     throttle: bool = True
+    #: SubscribeToShard: pushed data bytes per second per (consumer, shard)
+    subscribe_bytes_per_second: float = 2 * MIB
+    #: SubscribeToShard: a subscription's event stream ends this long after it was accepted
+    subscription_seconds: float = 300.0
+    #: SubscribeToShard: a call while the consumer's subscription to the shard is open and younger
+    #: than this is refused (``ResourceInUseException``); an older one is taken over. ``None``:
+    #: an open subscription is never taken over.
+    subscription_takeover_seconds: float | None = 5.0
+    #: SubscribeToShard: one accepted call per this many seconds per (consumer, shard)
+    subscribe_call_interval_seconds: float = 1.0
+    #: SubscribeToShard: how often the emulator is polled while the subscriber is caught up
+    subscribe_poll_seconds: float = 1.0
+    #: SubscribeToShard: data bytes per event at most (an event holds at least one record)
+    subscribe_event_bytes: int = 1 * MIB
+
+    def subscribe_limits(self) -> SubscribeLimits:
+        """The SubscribeToShard settings, for :class:`demo.subscribe.ShardSubscriptions`."""
+        return SubscribeLimits(
+            bytes_per_second=self.subscribe_bytes_per_second if self.throttle else None,
+            subscription_seconds=self.subscription_seconds,
+            takeover_seconds=self.subscription_takeover_seconds,
+            call_interval_seconds=self.subscribe_call_interval_seconds if self.throttle else None,
+            poll_seconds=self.subscribe_poll_seconds,
+            event_bytes=self.subscribe_event_bytes,
+        )
 
 
 def _decoded_size(b64: str) -> int:
@@ -83,6 +118,15 @@ class ThrottlingProxy(ForwardingProxy):
         self.read_window: dict[str, list[float]] = {}
         #: (stream, shard) -> the largest record's data bytes seen in a GetRecords answer
         self._largest: dict[tuple[str, str], int] = {}
+        #: SubscribeToShard; counts in :attr:`stats` as ``SubscribeToShard.<what>`` and
+        #: ``SubscribeToShard.<what>:<stream>`` (subscriptions, events, records, bytes, and how
+        #: calls and subscriptions ended: in_use, limit_exceeded, not_found, invalid, expired,
+        #: shard_end, taken_over, closed_by_subscriber, ...; :mod:`demo.subscribe`)
+        self.subscriptions = ShardSubscriptions(self, self.limits.subscribe_limits(), prefix="SubscribeToShard.")
+
+    def stop(self) -> None:
+        self.subscriptions.close()
+        super().stop()
 
     def reset_stats(self) -> None:
         with self.lock:
@@ -132,6 +176,8 @@ class ThrottlingProxy(ForwardingProxy):
             self._get_shard_iterator(request, body)
         elif operation == "GetRecords":
             self._get_records(request, body)
+        elif operation == "SubscribeToShard":
+            self.subscriptions.subscribe(request, body)
         else:
             self.answer(request, *self.forward(request, body))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import boto3
 import pytest
@@ -66,7 +67,8 @@ def test_efo_reads_what_polling_reads(fan_out):
 
 def test_a_subscription_that_ends_mid_shard_is_renewed_without_loss_or_duplicates(fan_out):
     proxy, kinesis, stream, arn = fan_out
-    proxy.subscription_seconds, proxy.records_per_event, proxy.bytes_per_second = 0.3, 7, 2_000  # ends after a few events
+    limits = proxy.subscriptions.limits
+    proxy.subscriptions.limits = replace(limits, subscription_seconds=0.3, records_per_event=7, bytes_per_second=2_000)  # a few events each
     shard_id = kinesis.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
     pushed, report = read(kinesis, stream, shard_id, arn)
     polled, _ = read(kinesis, stream, shard_id)
@@ -76,7 +78,7 @@ def test_a_subscription_that_ends_mid_shard_is_renewed_without_loss_or_duplicate
 
 def test_resource_in_use_is_waited_out(fan_out):
     proxy, kinesis, stream, arn = fan_out
-    proxy.subscription_seconds = 1.5
+    proxy.subscriptions.limits = replace(proxy.subscriptions.limits, subscription_seconds=1.5)
     shard_id = kinesis.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
     other = kinesis.subscribe_to_shard(ConsumerARN=arn, ShardId=shard_id, StartingPosition={"Type": "LATEST"})
     holder = threading.Thread(target=lambda: [None for _ in other["EventStream"]], daemon=True)
