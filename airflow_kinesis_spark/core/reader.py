@@ -337,6 +337,10 @@ class _Progress:
 #: is still open (a renewed one within seconds of the last), or the consumer's subscription rate
 #: (Kinesis API reference, SubscribeToShard).
 SUBSCRIBE_RETRY_ERRORS = ("ResourceInUseException", "LimitExceededException")
+#: Exception events that end a subscription and are renewed with backoff: another subscription
+#: of the consumer to the shard took it over, or the service failed (Kinesis API reference,
+#: SubscribeToShardEventStream).
+SUBSCRIPTION_RENEW_ERRORS = ("ResourceInUseException", "InternalFailureException")
 
 
 class ShardReader:
@@ -368,9 +372,11 @@ class ShardReader:
     :param consumer_arn: read with enhanced fan-out (``SubscribeToShard``) as this registered
         stream consumer instead of ``GetRecords``: events are pushed (2 MiB/s per shard for each
         consumer), the same stop rules hold, and a subscription that ends (after 5 minutes) or
-        fails is renewed from just after the last Kinesis record read. ``ResourceInUseException``
-        (another subscription of this consumer to the shard is still open) and
-        ``LimitExceededException`` are retried with backoff.
+        fails (an exception event: ``InternalFailureException``, or ``ResourceInUseException``
+        when another subscription took the shard over) is renewed from just after the last
+        Kinesis record read. ``ResourceInUseException`` (another subscription of this consumer to
+        the shard is still open) and ``LimitExceededException`` on the call are retried with
+        backoff; both count in the report's ``throttled_calls``.
 
     A corrupt KPL aggregate does not stop the read: it is yielded as one record with
     ``quarantine_reason`` set and counted in the report's ``quarantined``.
@@ -596,38 +602,52 @@ class ShardReader:
         )  # fmt: skip
 
     def _subscribed_pages(self) -> Iterator[Page]:
-        """The enhanced fan-out driver: subscribe, apply each event, renew ended subscriptions."""
+        """The enhanced fan-out driver: subscribe, apply each event, renew ended subscriptions.
+
+        A refused call (``SUBSCRIBE_RETRY_ERRORS``) and a subscription that fails with an
+        exception event (``SUBSCRIPTION_RENEW_ERRORS``) are retried with backoff from just after
+        the last Kinesis record read; ``max_throttle_retries`` of them in a row without an event
+        between them raise the last error."""
         attempt = 0
         while not self.done:
             try:
                 response = self.client.subscribe_to_shard(**self.subscription_request())
+                events = response["EventStream"]
             except self.client.exceptions.ClientError as err:
-                code = err.response.get("Error", {}).get("Code", "")
-                if code not in SUBSCRIBE_RETRY_ERRORS or attempt >= self.max_throttle_retries:
-                    raise
-                self._p.throttled += 1
-                delay = random.uniform(0, min(self.backoff_cap, max(1.0, self.backoff_base * 2**attempt)))
-                log.info("shard %s: %s on SubscribeToShard, retry %d in %.2fs", self.range.shard_id, code, attempt + 1, delay)
-                self._sleep(delay)
-                attempt += 1
+                attempt = self._subscription_failed(err, SUBSCRIBE_RETRY_ERRORS, attempt, "on SubscribeToShard")
                 continue
-            attempt = 0
-            events = response["EventStream"]
             try:
                 for event in events:
                     if "SubscribeToShardEvent" not in event:
                         continue
+                    attempt = 0
                     self._p.calls += 1
                     page = self.accept(self.event_response(event["SubscribeToShardEvent"]))
                     if page:
                         yield page
                     if self.done:
                         break
+            except self.client.exceptions.ClientError as err:  # an exception event (botocore's EventStreamError)
+                attempt = self._subscription_failed(err, SUBSCRIPTION_RENEW_ERRORS, attempt, "ended the subscription")
+                continue
             finally:
                 events.close()
             if not self.done:
                 self._p.expired += 1  # the subscription ended (after 5 minutes) before a stop rule held
                 log.info("shard %s: subscription ended; renewing after %s", self.range.shard_id, self._p.last_kinesis_sequence)
+
+    def _subscription_failed(self, err: Exception, retried: tuple[str, ...], attempt: int, what: str) -> int:
+        """Back off before renewing a subscription that was refused or failed; returns the next
+        attempt number. Re-raises ``err`` when its code is not in ``retried`` or retries are spent."""
+        code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
+        if code not in retried or attempt >= self.max_throttle_retries:
+            raise err
+        self._p.throttled += 1
+        delay = random.uniform(0, min(self.backoff_cap, max(1.0, self.backoff_base * 2**attempt)))
+        log.info("shard %s: %s %s, renewing after %s (retry %d in %.2fs)", self.range.shard_id, code, what,
+                 self._p.last_kinesis_sequence, attempt + 1, delay)  # fmt: skip
+        self._sleep(delay)
+        return attempt + 1
 
     def _polled_pages(self) -> Iterator[Page]:
         """The GetRecords driver."""

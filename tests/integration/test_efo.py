@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError, EventStreamError
 
 from airflow_kinesis_spark.core.consumers import deregister_stream_consumer, ensure_stream_consumer
 from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel
@@ -88,6 +89,55 @@ def test_resource_in_use_is_waited_out(fan_out):
     assert len(pushed) == 100 and proxy.stats["refused"] >= 1 and report.throttled_calls >= 1
 
 
+def test_a_subscription_taken_over_mid_shard_is_renewed_without_loss_or_duplicates(fan_out):
+    """Another subscription of the consumer to the shard, opened after the takeover time, takes
+    the shard over: the reader's subscription ends with a ResourceInUseException event and the
+    reader renews it after the last record read (and takes the shard back in turn)."""
+    proxy, kinesis, stream, arn = fan_out
+    proxy.subscriptions.limits = replace(proxy.subscriptions.limits, takeover_seconds=0.5, bytes_per_second=1_000,
+                                         records_per_event=5)  # ~2.7 KB: a few seconds of events  # fmt: skip
+    shard_id = kinesis.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
+    outcome: dict = {}
+
+    def other() -> None:
+        time.sleep(0.8)  # the reader's subscription is older than the takeover time now
+        try:
+            response = kinesis.subscribe_to_shard(ConsumerARN=arn, ShardId=shard_id, StartingPosition={"Type": "LATEST"})
+            for _ in response["EventStream"]:
+                pass
+            outcome["ended"] = "cleanly"
+        except (EventStreamError, ClientError) as error:
+            outcome["ended"] = error.response["Error"]["Code"]
+
+    holder = threading.Thread(target=other, daemon=True)
+    holder.start()
+    pushed, report = read(kinesis, stream, shard_id, arn)
+    holder.join(timeout=30)
+    polled, _ = read(kinesis, stream, shard_id)
+    assert pushed == polled and len(set(pushed)) == 100
+    assert proxy.stats["taken_over"] >= 1 and outcome["ended"] == "ResourceInUseException"
+    assert report.throttled_calls >= 1  # the reader's own renewal after the takeover
+
+
+def test_a_shard_closed_after_planning_ends_with_its_child_shards(fan_out):
+    """A range planned while its shard was open (no EndingSequenceNumber in the plan): the
+    subscription's last event lists the child shards and has no continuation, and the reader
+    reports the shard's end, with every record of it. (Polling on moto ends such a range caught
+    up instead: moto never ends a closed shard's iterator chain.)"""
+    proxy, kinesis, stream, arn = fan_out
+    (parent,) = kinesis.list_shards(StreamName=stream)["Shards"]
+    rng = whole_shard(parent["ShardId"])
+    assert rng.ending_sequence_number is None
+    middle = (int(parent["HashKeyRange"]["StartingHashKey"]) + int(parent["HashKeyRange"]["EndingHashKey"])) // 2
+    kinesis.split_shard(StreamName=stream, ShardToSplit=parent["ShardId"], NewStartingHashKey=str(middle))
+    records, report = ShardReader(kinesis, stream, rng, min_call_interval=0, read_bytes_per_second=None, consumer_arn=arn,
+                                  backoff_base=0.2).read_all()  # fmt: skip
+    polled, polled_report = read(kinesis, stream, parent["ShardId"])
+    assert [(r.sequence_number, r.sub_sequence_number, r.data) for r in records] == polled and len(polled) == 100
+    assert report.shard_end and report.stop_reason == "shard_end" and polled_report.stop_reason == "caught_up"
+    assert proxy.stats["shard_end"] == 1
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_operator_batches_with_efo_equal_polling_and_a_consumer_switches_between_them(
@@ -128,5 +178,123 @@ def test_operator_batches_with_efo_equal_polling_and_a_consumer_switches_between
             expected = produced if consumer == "fan-out" else produced[:100]
             verdict = verify(expected, rows)
             assert verdict.ok, (consumer, verdict)
+    finally:
+        proxy.stop()
+
+
+class SubscribingJob:
+    """A job without Spark that reads every planned range as the Spark job does (``ShardReader``
+    with the plan's consumer ARN: SubscribeToShard for an EFO plan, GetRecords otherwise), in
+    the plan's order, and keeps the rows and reports of each batch."""
+
+    def __init__(self, kinesis) -> None:
+        self.kinesis = kinesis
+        self.plans: dict[int, object] = {}
+        self.rows: dict[int, list[tuple]] = {}
+        self.reports: dict[int, list] = {}
+
+    def run(self, plan, *, records_expected: bool):
+        rows, reports = [], []
+        for rng in plan.ranges:
+            records, report = ShardReader(self.kinesis, plan.stream_name, rng, min_call_interval=0, read_bytes_per_second=None,
+                                          consumer_arn=plan.consumer_arn, backoff_base=0.2).read_all()  # fmt: skip
+            rows += [(r.shard_id, r.sequence_number, r.sub_sequence_number, r.partition_key, r.data) for r in records]
+            reports.append(report)
+        self.plans[plan.batch_id], self.rows[plan.batch_id], self.reports[plan.batch_id] = plan, rows, reports
+        return reports
+
+    def kill(self) -> None:
+        pass
+
+
+def keys_in(low: int, high: int, n: int, prefix: str) -> list[str]:
+    """``n`` partition keys whose MD5 falls in ``low <= h < high`` (moto's test of a shard's range)."""
+    found, i = [], 0
+    while len(found) < n:
+        key, i = f"{prefix}{i}", i + 1
+        if low <= int(__import__("hashlib").md5(key.encode()).hexdigest(), 16) < high:
+            found.append(key)
+    return found
+
+
+def test_efo_across_a_split_and_a_merge_reads_what_polling_reads_children_after_parents(moto_endpoint, dynamodb, unique_name):
+    """The batch protocol (planner, DynamoDB store, probes, commit) with a job that reads like the
+    Spark job, one EFO consumer and one polling consumer of one stream on moto, records put
+    before, between and after a split and a merge. moto (DESIGN.md, Local stack) keeps writing to
+    a closed parent, so a split's children stay empty; a merge copies its parents' records into
+    the child, which gives the merged child records to read after its parents."""
+    from airflow_kinesis_spark.core.protocol import IncrementalSettings, run_incremental
+    from airflow_kinesis_spark.core.shards import list_shards
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+    from demo.producer import verify
+
+    proxy = FanOutProxy(moto_endpoint).start()
+    try:
+        kinesis = client(proxy.endpoint)
+        stream = unique_name
+        create_stream(kinesis, stream, 2)
+        shard0, shard1 = list_shards(kinesis, stream)
+        consumers = {"efo": "fan-out", "polling": "poller"}
+        stores = {kind: DynamoDBCheckpointStore(dynamodb, f"{stream}_{kind}", stream, name) for kind, name in consumers.items()}
+        jobs = {kind: SubscribingJob(kinesis) for kind in consumers}
+        for store in stores.values():
+            store.ensure_table()
+
+        def step() -> None:
+            """One batch of each consumer over the same records."""
+            time.sleep(0.01)  # the cutoff in a later millisecond than the puts
+            cutoff = __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
+            for kind, name in consumers.items():
+                settings = IncrementalSettings(stream_name=stream, consumer_name=name, output_root=f"mem://{kind}", cutoff=cutoff,
+                                               min_call_interval=0.0, consumer_type=kind)  # fmt: skip
+                run_incremental(kinesis, stores[kind], jobs[kind], settings, f"{kind}-{len(jobs[kind].plans) + 1}")
+
+        produced = put_plain(kinesis, stream, [(f"b{i}", f"before {i}".encode()) for i in range(30)])
+        produced += put_aggregated(kinesis, stream, [(f"a{i % 5}", f"aggregated {i}".encode()) for i in range(40)])
+        step()  # batch 1: shards 0 and 1
+        middle = (int(shard0.starting_hash_key) + int(shard0.ending_hash_key)) // 2
+        kinesis.split_shard(StreamName=stream, ShardToSplit=shard0.shard_id, NewStartingHashKey=str(middle))
+        produced += put_plain(kinesis, stream, [(f"s{i}", f"between {i}".encode()) for i in range(30)])
+        step()  # batch 2: shard 0 to its end, shard 1
+        lower, upper = sorted((s for s in list_shards(kinesis, stream) if s.parent_shard_id == shard0.shard_id),
+                              key=lambda s: int(s.starting_hash_key))  # fmt: skip
+        shard1_keys = keys_in(int(shard1.starting_hash_key), int(shard1.ending_hash_key), 10, "one-")
+        produced += put_plain(kinesis, stream, [(k, f"split {k}".encode()) for k in shard1_keys])
+        step()  # batch 3: the children (empty on moto) and shard 1
+        copied = [r[4] for kind in ("polling",) for b in (1, 2, 3) for r in jobs[kind].rows.get(b, []) if r[0] == shard1.shard_id]
+        kinesis.merge_shards(StreamName=stream, ShardToMerge=upper.shard_id, AdjacentShardToMerge=shard1.shard_id)
+        merged = next(s for s in list_shards(kinesis, stream) if s.adjacent_parent_shard_id)
+        produced += put_plain(kinesis, stream, [(k, f"after {k}".encode()) for k in keys_in(int(shard1.starting_hash_key),
+                                                int(shard1.ending_hash_key), 20, "after-")])  # fmt: skip
+        step()  # batch 4: shard 1 and the upper child to their ends, the lower child
+        step()  # batch 5: the merged child
+        step()  # nothing new
+
+        efo, polling = jobs["efo"], jobs["polling"]
+        assert sorted(efo.plans) == sorted(polling.plans) == [1, 2, 3, 4, 5]
+        assert efo.plans[1].consumer_arn and not polling.plans[1].consumer_arn
+        for batch_id in efo.plans:  # the same records, in the same order, with the same reports
+            assert efo.rows[batch_id] == polling.rows[batch_id], batch_id
+            summary = [[(r.shard_id, r.first, r.last, r.records, r.shard_end, r.stop_reason) for r in job.reports[batch_id]]
+                       for job in (efo, polling)]  # fmt: skip
+            assert summary[0] == summary[1], batch_id
+
+        # ORDER: children are planned only after their parents' ends are committed
+        planned = {b: {r.shard_id for r in plan.ranges} for b, plan in efo.plans.items()}
+        ended = {b: {r.shard_id for r in efo.reports[b] if r.shard_end} for b in efo.plans}
+        assert planned[1] == planned[2] == {shard0.shard_id, shard1.shard_id} and ended[2] == {shard0.shard_id}
+        assert planned[3] == {lower.shard_id, upper.shard_id, shard1.shard_id}
+        assert ended[4] == {upper.shard_id, shard1.shard_id} and merged.shard_id not in planned[4]
+        assert merged.shard_id in planned[5] and {merged.parent_shard_id, merged.adjacent_parent_shard_id} == {
+            upper.shard_id, shard1.shard_id}  # fmt: skip
+        # each closed shard's subscription ended with its child shards
+        assert proxy.stats["shard_end"] >= 3 and proxy.stats["subscriptions"] >= 9
+
+        # EXACT: every produced record once; the merged child holds moto's copies of shard 1's records
+        rows = [row for b in sorted(efo.rows) for row in efo.rows[b]]
+        assert len({r[:3] for r in rows}) == len(rows)
+        verdict = verify(produced, [r for r in rows if r[0] != merged.shard_id])
+        assert verdict.ok, verdict
+        assert sorted(r[4] for r in rows if r[0] == merged.shard_id) == sorted(copied) and copied
     finally:
         proxy.stop()

@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from botocore.exceptions import EventStreamError
 
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber
 from airflow_kinesis_spark.core.reader import ShardReader
@@ -32,8 +33,11 @@ CONSUMER = f"arn:aws:kinesis:us-east-1:123456789012:stream/{STREAM}/consumer/lak
 
 
 class EventStream:
-    def __init__(self, events: list[dict]) -> None:
+    """``failure``: raised (as botocore raises an exception event) after the events."""
+
+    def __init__(self, events: list[dict], failure: Exception | None = None) -> None:
         self.events = events
+        self.failure = failure
         self.closed = False
 
     def __iter__(self):
@@ -41,6 +45,8 @@ class EventStream:
             if self.closed:
                 return
             yield event
+        if self.failure is not None:
+            raise self.failure
 
     def close(self) -> None:
         self.closed = True
@@ -55,6 +61,8 @@ class FakeFanOut(FakeKinesis):
         self.per_event = per_event
         self.per_subscription = per_subscription
         self.refuse: list[Exception] = []
+        #: exception events that end the next subscriptions (after their events)
+        self.fail: list[Exception] = []
         self.subscriptions: list[dict[str, Any]] = []
 
     def subscribe_to_shard(self, **kwargs: Any) -> dict[str, Any]:
@@ -83,7 +91,7 @@ class FakeFanOut(FakeKinesis):
             events.append({"SubscribeToShardEvent": event})
             if at_end:
                 break
-        return {"EventStream": EventStream(events)}
+        return {"EventStream": EventStream(events, self.fail.pop(0) if self.fail else None)}
 
 
 def read_efo(client: FakeFanOut, rng, **kwargs):
@@ -124,6 +132,30 @@ def test_resource_in_use_is_retried_with_backoff():
     records, report = read_efo(client, make_range())
     assert report.throttled_calls == 2 and report.records == len(records) == 4 + 2 * 2
     assert [type(e).__name__ for e in client.refuse] == [] and len(client.subscriptions) >= 3
+
+
+def stream_error(code: str) -> EventStreamError:
+    return EventStreamError({"Error": {"Code": code, "Message": f"{code} (injected)"}}, "SubscribeToShard")
+
+
+def test_a_subscription_that_fails_mid_range_is_renewed_after_the_last_record_read():
+    """An exception event (the service's InternalFailureException; ResourceInUseException when
+    another subscription of the consumer took the shard over) ends a subscription: renewed."""
+    client = FakeFanOut(records_of(9), per_event=2, per_subscription=2)
+    client.fail = [stream_error("InternalFailureException"), stream_error("ResourceInUseException")]
+    records, report = read_efo(client, make_range())
+    assert client.fail == [] and client.served == 9  # nothing read twice, nothing skipped
+    assert client.subscriptions[1]["StartingPosition"] == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": seq(3)}
+    assert len(keys(records)) == len(set(keys(records))) == 9 + 3 * 2 and report.stop_reason == "caught_up"
+    assert report.throttled_calls == 2
+
+
+def test_a_subscription_that_fails_again_and_again_without_progress_gives_up():
+    client = FakeFanOut(records_of(4), per_event=2, per_subscription=0)  # every subscription fails at once
+    client.fail = [stream_error("InternalFailureException")] * 20
+    with pytest.raises(EventStreamError, match="InternalFailureException"):
+        read_efo(client, make_range(), max_throttle_retries=3)
+    assert len(client.subscriptions) == 4
 
 
 def test_other_subscribe_errors_are_raised():
