@@ -431,7 +431,8 @@ def run_one_pass(
             if not _same_read(before, report):
                 raise RuntimeError(f"shard {report['shard_id']}: the second read of its corrupt records read something else "
                                    f"than the first ({before.get('last')} vs {report.get('last')}); nothing is committed")  # fmt: skip
-        log.warning("batch %s: %d corrupt Kinesis records quarantined", plan["batch_id"], quarantined)
+        # the task log's warning comes from the protocol's summary (core.protocol.log_outcome)
+        log.info("batch %s: %d corrupt Kinesis records written to %s/%s", plan["batch_id"], quarantined, location, QUARANTINE_DIR)
     return {
         "batch_id": plan["batch_id"],
         "output_location": plan["output_location"],
@@ -492,7 +493,7 @@ def run(
             log.info("batch %s: no records in the planned ranges; nothing written", plan["batch_id"])
         if quarantined > 0:
             _write_quarantine(rows, location)
-            log.warning("batch %s: %d corrupt Kinesis records quarantined", plan["batch_id"], quarantined)
+            log.info("batch %s: %d corrupt Kinesis records written to %s/%s", plan["batch_id"], quarantined, location, QUARANTINE_DIR)
     finally:
         raw.unpersist()
     return {
@@ -596,8 +597,16 @@ def run_handed(args: argparse.Namespace, transform: Callable | None) -> int:
     return 0
 
 
+def configure_logging() -> None:
+    """The driver's Python logging: the job's own lines (``airflow_kinesis_spark.*``) at INFO,
+    every other library's (botocore, py4j, ...) at WARNING, on stderr. Spark's own (JVM) logging
+    is configured by the log4j 2 file the runner passes (``kinesis-batch-log4j2.properties``)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("airflow_kinesis_spark").setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     args = parse_args(argv)
     transform = resolve_transform(args.transform)  # fail before reading anything
     if args.plan_file is None:

@@ -70,6 +70,7 @@ __all__ = [
     "window_output_location",
     "IDLE_REFRESH",
     "DEFAULT_LEASE_SECONDS",
+    "log_outcome",
 ]
 
 #: How often an idle consumer records that its shards were empty up to the cutoff: otherwise a
@@ -404,8 +405,9 @@ def commit_handed(
     if head.committed_batch_id == batch_id and head.pending_batch_id != batch_id:
         plan = store.committed_plan(head)
         reports = store.committed_report(head) or []
-        log.info("Batch %d is committed already (by %s): nothing to commit", batch_id, head.committed_owner)
-        return incremental_summary(plan, reports, store.committed_checkpoints(head), "committed", reused=True, sink=sink)
+        summary = incremental_summary(plan, reports, store.committed_checkpoints(head), "committed", reused=True, sink=sink)
+        log_outcome(plan, reports, summary, committed_by=head.committed_owner)
+        return summary
     if head.pending_batch_id != batch_id:
         raise CheckpointConflictError(
             f"Batch {batch_id} of stream {store.stream_name!r}, consumer {store.consumer_name!r} is not pending in checkpoint "
@@ -476,7 +478,8 @@ def plan_batch(
         log.warning("Going on from the oldest records kept (allow_data_loss=True): %s", detail)
         plan = restart_from_trim_horizon(plan, gaps)
     for rng in plan.ranges:
-        log.info("Plan batch %d: shard %s from %s to cutoff %s", batch_id, rng.shard_id, rng.start, format_timestamp(rng.cutoff))
+        # DEBUG: each range's INFO line comes with its outcome (log_outcome)
+        log.debug("Plan batch %d: shard %s from %s to cutoff %s", batch_id, rng.shard_id, rng.start, format_timestamp(rng.cutoff))
     return plan
 
 
@@ -619,10 +622,7 @@ def _commit(
     if sink is not None:
         sink.after_checkpoint_commit(plan, reports)
     summary = incremental_summary(plan, reports, checkpoints, "committed", reused=reused, sink=sink, table=table)
-    log.info(
-        "Batch %d committed: %d records from %d shards, output %s",
-        plan.batch_id, summary["records"], len(plan.ranges), plan.output_location,
-    )  # fmt: skip
+    log_outcome(plan, reports, summary)
     return summary
 
 
@@ -709,6 +709,74 @@ def incremental_summary(
     }
 
 
+# -- what the task log says of a batch or a window --------------------------------------------
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    """``shardId-…1: 2, shardId-…2: 1`` (shards with a count above 0; at most five, then how many more)."""
+    items = [f"{shard}: {n}" for shard, n in counts.items() if n]
+    more = len(items) - 5
+    return ", ".join(items[:5]) + (f" and {more} more shards" if more > 0 else "")
+
+
+def _read_seconds(reports: Sequence[ShardReport]) -> float | None:
+    """Seconds from the first range's read start to the last one's end, or ``None`` if the reports do not say."""
+    spans = [(r.read_started, r.read_ended) for r in reports if r.read_started is not None and r.read_ended is not None]
+    if not spans:
+        return None
+    return max(end for _, end in spans) - min(start for start, _ in spans)  # type: ignore[type-var,operator]
+
+
+def log_outcome(plan: BatchPlan, reports: Sequence[ShardReport], summary: Mapping[str, Any], *, committed_by: str | None = None) -> None:
+    """The task log's account of a committed batch or a written window, from its summary
+    (:func:`incremental_summary`, :func:`run_window`'s) and the job's reports:
+
+    * one INFO line per shard range: shard (and time slice), start position, the last extended
+      sequence number read and the stop rule that ended the read, records, bytes, seconds;
+    * one INFO line for the batch: batch id (or window), shards, records, bytes, seconds reading
+      and since planning, checkpoints committed, output;
+    * a WARNING with the count per shard when records were quarantined (corrupt KPL aggregates)
+      or read outside their shard's hash key range (``out_of_range``).
+
+    :param committed_by: the writer that committed the batch earlier (a repeated commit).
+    """
+    window = summary.get("mode") == "window"
+    label = (f"Window [{summary['window_start']}, {summary['window_end']})" if window else f"Batch {plan.batch_id}")
+    starts = {(r.shard_id, r.slice_index): r.start for r in plan.ranges}
+    for r in reports:
+        slice_label = f" slice {r.slice_index}" if window else ""
+        seconds = f", {r.read_ended - r.read_started:.2f} s" if r.read_started is not None and r.read_ended is not None else ""
+        log.info("%s, shard %s%s: %s -> %s (%s), %d records, %d bytes%s", label, r.shard_id, slice_label,
+                 starts.get((r.shard_id, r.slice_index), "?"), r.last or "nothing read", r.stop_reason, r.records, r.bytes,
+                 seconds)  # fmt: skip
+    read = _read_seconds(reports)
+    timing = f"read in {read:.1f} s" if read is not None else "read time not reported"
+    shards = len({r.shard_id for r in reports})
+    if window:
+        log.info("%s written: %d records, %d bytes from %d shards x %d time slices, %s; output %s", label,
+                 summary["records"], summary["bytes"], shards, summary["time_slices"], timing, summary["output_path"])  # fmt: skip
+    else:
+        since = time.time() - plan.created_at.timestamp()
+        checkpoints = sum(1 for s in summary["shards"].values() if s.get("checkpoint"))
+        how = f"was committed already (by {committed_by})" if committed_by else "committed"
+        log.info("%s %s: %d records, %d bytes from %d shards, %s, %.1f s since planned; %d checkpoints committed; output %s",
+                 label, how, summary["records"], summary["bytes"], shards, timing, since, checkpoints,
+                 summary["output_path"])  # fmt: skip
+    quarantined: dict[str, int] = {}
+    out_of_range: dict[str, int] = {}
+    for r in reports:
+        quarantined[r.shard_id] = quarantined.get(r.shard_id, 0) + r.quarantined
+        out_of_range[r.shard_id] = out_of_range.get(r.shard_id, 0) + r.out_of_range
+    if summary["quarantined"]:
+        log.warning("%s: %d corrupt Kinesis records quarantined (%s), kept raw under %s and not in the output%s",
+                    label, summary["quarantined"], _counts(quarantined), summary["quarantine_path"],
+                    "" if window else "; the checkpoints moved past them")  # fmt: skip
+    if summary["out_of_range"]:
+        log.warning("%s: %d user records outside their shard's hash key range (%s), kept in the output; a producer "
+                    "aggregates user records of several shards into one Kinesis record",
+                    label, summary["out_of_range"], _counts(out_of_range))  # fmt: skip
+
+
 # -- window ------------------------------------------------------------------------------------
 
 
@@ -792,7 +860,8 @@ def run_window(
         "output_format": settings.sink.format if settings.sink is not None else "parquet",
         "table": table.to_dict() if table is not None else None,
     }
-    log.info("Window written: %d records from %d shards to %s", records, len(result["shards"]), result["output_path"])
+    if found:
+        log_outcome(plan, reports, result)
     return result
 
 

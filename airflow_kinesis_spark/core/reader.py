@@ -384,6 +384,9 @@ class ShardReader:
     :raises botocore.exceptions.ClientError: when a throttling error persists or another error occurs.
     """
 
+    #: Set by :func:`probe_reader`: the read only looks for a first record (logged as such).
+    probe: bool = False
+
     def __init__(
         self,
         client: Any,
@@ -594,7 +597,13 @@ class ShardReader:
         self._p.read_ended = time.time()
         report = self.finish()
         p = self._p
-        log.info(
+        # DEBUG: the task log's line per shard range is the protocol's, from the reports
+        # (core.protocol.log_outcome); probes are summed up by probe_ranges.
+        if self.probe:
+            log.debug("shard %s: probe from %s found %s", self.range.shard_id, self.range.start,
+                      f"a record ({report.first})" if report.first else f"nothing to read ({report.stop_reason})")  # fmt: skip
+            return
+        log.debug(
             "shard %s: read %d records (%d Kinesis records, %d bytes) from %s, stop=%s, %s=%d, "
             "throttled=%d, expired=%d, %.2fs",
             self.range.shard_id, p.records, p.kinesis_records, p.kinesis_bytes, self.range.start, report.stop_reason,
@@ -698,7 +707,9 @@ class ShardReader:
             users = _user_records(data, record["PartitionKey"])
         except CorruptAggregateError as err:
             reason = err.fields.get("reason", "corrupt")
-            log.warning("shard %s, sequence number %s: %s; quarantined", rng.shard_id, sequence_number, err)
+            # DEBUG: the task log's warning counts them per shard (core.protocol.log_outcome); the
+            # quarantine output holds each one with its sequence number and reason.
+            log.debug("shard %s, sequence number %s: %s; quarantined", rng.shard_id, sequence_number, err)
             page.add_quarantined(sequence_number, record["PartitionKey"], arrival, data, reason)
             p.quarantined += 1
             p.kinesis_records += 1
@@ -830,7 +841,9 @@ def probe_reader(client: Any, stream_name: str, shard_range: ShardRange, **reade
     # Every field of the range is kept (slice index, hash key range, ...): only the record cap changes.
     capped = replace(shard_range, max_records=1)
     limit = 2 if shard_range.start.skip_through_sub_sequence_number is not None else 1
-    return ShardReader(client, stream_name, capped, limit=limit, **reader_kwargs)
+    reader = ShardReader(client, stream_name, capped, limit=limit, **reader_kwargs)
+    reader.probe = True
+    return reader
 
 
 def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
@@ -854,4 +867,34 @@ def probe_ranges(client: Any, stream_name: str, ranges: Sequence[ShardRange], **
     config = getattr(getattr(client, "meta", None), "config", None)
     pool_size = getattr(config, "max_pool_connections", None) or DEFAULT_POOL_CONNECTIONS
     with ThreadPoolExecutor(max_workers=max(1, min(pool_size, len(ranges)))) as pool:
-        return list(pool.map(lambda rng: probe_range(client, stream_name, rng, **reader_kwargs), ranges))
+        reports = list(pool.map(lambda rng: probe_range(client, stream_name, rng, **reader_kwargs), ranges))
+    log_probes(reports)
+    return reports
+
+
+#: Shard ids a log line lists before it says how many more there are.
+LOGGED_SHARD_IDS = 5
+
+
+def _shard_list(shard_ids: Sequence[str]) -> str:
+    """``a, b, c`` (at most :data:`LOGGED_SHARD_IDS`, then ``and N more``), for log lines."""
+    ids = list(dict.fromkeys(shard_ids))
+    more = len(ids) - LOGGED_SHARD_IDS
+    return ", ".join(ids[:LOGGED_SHARD_IDS]) + (f" and {more} more" if more > 0 else "")
+
+
+def log_probes(reports: Sequence[ShardReport]) -> None:
+    """One line for a set of probes (:func:`probe_ranges`): which ranges have a record to read
+    and which have none, with the rule that ended each empty probe (``cutoff``, ``caught_up``,
+    ``shard_end``). A probe reads at most one Kinesis record; it is not the batch's read."""
+    found = [r.shard_id for r in reports if r.records or r.quarantined]
+    empty: dict[str, list[str]] = {}
+    for r in reports:
+        if not (r.records or r.quarantined):
+            empty.setdefault(r.stop_reason, []).append(r.shard_id)
+    nothing = "; ".join(f"{reason}: {_shard_list(ids)}" for reason, ids in sorted(empty.items()))
+    log.info(
+        "Probed %d shard ranges (a first record each, GetRecords Limit 1): records to read in %d%s, nothing to read in %d%s",
+        len(reports), len(found), f" ({_shard_list(found)})" if found else "",
+        len(reports) - len(found), f" ({nothing})" if nothing else "",
+    )  # fmt: skip

@@ -30,12 +30,15 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -63,11 +66,31 @@ __all__ = [
     "SparkJob",
     "validate_job_credentials",
     "spark_script_path",
+    "log4j_config_path",
+    "with_log_config",
+    "batch_temp_dir",
+    "make_batch_temp_dir",
+    "sweep_leftover_temp_dirs",
     "CONNECT_ENV_VARS",
     "CONNECT_READY_TIMEOUT",
 ]
 
 SPARK_SCRIPT = "kinesis_batch.py"
+#: The job's log4j 2 configuration, shipped next to the script: Spark, Hadoop and Parquet at WARN.
+LOG4J_CONFIG = "kinesis-batch-log4j2.properties"
+#: Spark conf (Spark 3.5+) whose level the shipped configuration takes, e.g. ``INFO`` to see Spark's INFO again.
+LOG_LEVEL_CONF = "spark.log.level"
+#: The levels ``spark.log.level`` takes (Spark's ``SparkContext.setLogLevel``).
+LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
+#: System property the shipped configuration reads its root level from (default ``warn``).
+LOG_LEVEL_PROPERTY = "airflow_kinesis_spark.log.level"
+#: Name prefix of the runners' private temporary directories: ``kinesis-batch-<batch id>-<random>``.
+TEMP_DIR_PREFIX = "kinesis-batch-"
+#: File in each temporary directory naming the process that uses it (JSON: host, pid, start time).
+TEMP_DIR_OWNER_FILE = "owner.json"
+#: Seconds after which a left-over temporary directory whose owner cannot be checked (no owner
+#: file, another host) is removed, and how long a failed detached job's log is kept.
+TEMP_DIR_MAX_AGE = 24 * 3600.0
 #: Environment variables by which PySpark marks a process as a Spark Connect client.
 CONNECT_ENV_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 #: Seconds a Spark Connect server has to accept the gRPC channel (PySpark's own retries take minutes).
@@ -106,16 +129,198 @@ def validate_job_credentials(value: str) -> str:
 ARTIFACTS_CONF = "spark.airflow_kinesis_spark.artifacts_sha256"
 
 
+def _shipped_file(name: str) -> str:
+    """Path of a file of ``spark_scripts/``: inside the installed wheel, or in a checkout.
+
+    :raises FileNotFoundError: the file is not shipped with the package.
+    """
+    package = Path(airflow_kinesis_spark.__file__).resolve().parent
+    for candidate in (package / "spark_scripts" / name, package.parent / "spark_scripts" / name):
+        if candidate.is_file():
+            return str(candidate)
+    raise FileNotFoundError(f"{name} is not shipped with airflow_kinesis_spark at {package}")
+
+
 def spark_script_path() -> str:
     """Path of the PySpark job: inside the installed wheel, or ``spark_scripts/`` of a checkout.
 
     :raises FileNotFoundError: the script is not shipped with the package.
     """
-    package = Path(airflow_kinesis_spark.__file__).resolve().parent
-    for candidate in (package / "spark_scripts" / SPARK_SCRIPT, package.parent / "spark_scripts" / SPARK_SCRIPT):
-        if candidate.is_file():
-            return str(candidate)
-    raise FileNotFoundError(f"{SPARK_SCRIPT} is not shipped with airflow_kinesis_spark at {package}")
+    return _shipped_file(SPARK_SCRIPT)
+
+
+def log4j_config_path() -> str:
+    """Path of the job's log4j 2 configuration (:data:`LOG4J_CONFIG`), shipped like the script.
+
+    :raises FileNotFoundError: the file is not shipped with the package.
+    """
+    return _shipped_file(LOG4J_CONFIG)
+
+
+def _java_option(name: str, value: str) -> str:
+    """``-Dname=value``, double-quoted when ``value`` has white space (Spark splits Java options on it)."""
+    return f'-D{name}="{value}"' if any(c.isspace() for c in value) else f"-D{name}={value}"
+
+
+def with_log_config(conf: dict[str, Any], *, local: bool, cluster_deploy_mode: bool) -> tuple[dict[str, Any], str | None]:
+    """``conf`` with the job's log4j 2 configuration (:data:`LOG4J_CONFIG`) passed to the driver
+    and executors, and the file spark-submit must ship (``--files``) for them, or ``None``.
+
+    * The driver gets ``-Dlog4j2.configurationFile`` in ``spark.driver.extraJavaOptions``: the
+      file's path on this worker (client deploy mode, a local master), or its name in the working
+      directory the cluster manager gives the driver (cluster deploy mode: YARN puts ``--files``
+      there before the driver starts). Executors of a cluster get its name in
+      ``spark.executor.extraJavaOptions``; a local master's executors run in the driver.
+    * Options already in ``conf`` are kept and these are appended; a ``conf`` that names its own
+      ``log4j2.configurationFile`` (or ``log4j.configurationFile``) is returned unchanged.
+    * ``spark.log.level`` in ``conf`` (:data:`LOG_LEVELS`; default ``WARN``) becomes the
+      configuration's root level from the JVM's start (``-Dairflow_kinesis_spark.log.level``).
+
+    :raises ValueError: ``spark.log.level`` is not one of :data:`LOG_LEVELS`.
+    """
+    level = str(conf.get(LOG_LEVEL_CONF) or "WARN").strip().upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"spark_conf {LOG_LEVEL_CONF!r} must be one of {', '.join(LOG_LEVELS)}; got {conf[LOG_LEVEL_CONF]!r}")
+    keys = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+    if any("log4j2.configurationFile" in str(conf.get(k) or "") or "log4j.configurationFile" in str(conf.get(k) or "") for k in keys):
+        return conf, None  # the DAG author's own logging configuration
+    path = log4j_config_path()
+    ours = f"{_java_option(LOG_LEVEL_PROPERTY, level.lower())} "
+    conf = dict(conf)
+
+    def add(key: str, config_file: str) -> None:
+        conf[key] = " ".join(p for p in (str(conf.get(key) or "").strip(), ours + _java_option("log4j2.configurationFile", config_file)) if p)
+
+    add(keys[0], os.path.basename(path) if cluster_deploy_mode else path)
+    if local:
+        return conf, None
+    add(keys[1], os.path.basename(path))
+    return conf, path
+
+
+# -- private temporary directories ------------------------------------------------------------
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat`` field 22), or
+    ``None`` where ``/proc`` does not say (not Linux, or no such process): with the pid, it names
+    one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _write_owner(directory: str, pid: int) -> None:
+    """Name process ``pid`` of this host as the user of ``directory`` (:data:`TEMP_DIR_OWNER_FILE`)."""
+    owner = {"host": socket.gethostname(), "pid": pid, "started": _process_start(pid)}
+    target = os.path.join(directory, TEMP_DIR_OWNER_FILE)
+    with open(target + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(owner, fh)
+    os.replace(target + ".tmp", target)
+
+
+def _owner_alive(directory: str) -> bool | None:
+    """Whether the process named in ``directory``'s owner file still runs: ``True``/``False``, or
+    ``None`` when that cannot be told (no readable owner file, or a process of another host)."""
+    try:
+        with open(os.path.join(directory, TEMP_DIR_OWNER_FILE), encoding="utf-8") as fh:
+            owner = json.load(fh)
+        pid, host, started = int(owner["pid"]), owner["host"], owner.get("started")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a process of another user has the pid: it runs
+    if started is not None and _process_start(pid) not in (None, started):
+        return False  # the pid now names another process
+    return True
+
+
+def sweep_leftover_temp_dirs(temp_dir: str | None = None, *, max_age: float = TEMP_DIR_MAX_AGE) -> list[str]:
+    """Remove the runners' temporary directories that runs killed with ``SIGKILL`` left behind.
+
+    Only directories of ``temp_dir`` (default: :func:`tempfile.gettempdir`) named
+    ``kinesis-batch-*`` (:data:`TEMP_DIR_PREFIX`), owned by this user, are looked at; one is removed when
+
+    * its owner file names a process of this host that no longer runs (``os.kill(pid, 0)``, and
+      the process's start time where ``/proc`` gives it, so a reused pid does not count), unless it
+      holds a failed detached job's ``spark-submit.log`` younger than ``max_age``; or
+    * its owner cannot be checked (no owner file: directories of earlier versions; another host
+      sharing the directory) and nothing in it changed for ``max_age`` seconds.
+
+    A directory whose owner runs is never removed. Errors are logged, never raised.
+
+    :returns: the paths removed.
+    """
+    base = temp_dir or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        entries = [e for e in os.scandir(base) if e.name.startswith(TEMP_DIR_PREFIX)]
+    except OSError as err:
+        log.warning("Could not list %s for left-over temporary directories: %s", base, err)
+        return removed
+    now = time.time()
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            alive = _owner_alive(entry.path)
+            if alive:
+                continue
+            age = now - max(entry.stat(follow_symlinks=False).st_mtime, _newest_mtime(entry.path))
+            keep_log = alive is False and os.path.exists(os.path.join(entry.path, "spark-submit.log"))
+            if (alive is None or keep_log) and age < max_age:
+                continue
+            shutil.rmtree(entry.path)
+            removed.append(entry.path)
+        except FileNotFoundError:
+            continue  # removed meanwhile (its run ended, or another sweep)
+        except OSError as err:
+            log.warning("Could not remove left-over temporary directory %s: %s", entry.path, err)
+    if removed:
+        log.info("Removed %d temporary directories that killed runs left behind: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def _newest_mtime(directory: str) -> float:
+    """The newest modification time of ``directory``'s direct entries (0 when it is empty)."""
+    newest = 0.0
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            try:
+                newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+            except FileNotFoundError:
+                continue
+    return newest
+
+
+def make_batch_temp_dir(batch_id: int | str, pid: int | None = None) -> str:
+    """A new private temporary directory ``kinesis-batch-<batch_id>-*`` owned by process ``pid``
+    (default: this one), after removing what killed runs left behind (:func:`sweep_leftover_temp_dirs`).
+    The caller removes it."""
+    sweep_leftover_temp_dirs()
+    directory = tempfile.mkdtemp(prefix=f"{TEMP_DIR_PREFIX}{batch_id}-")
+    _write_owner(directory, os.getpid() if pid is None else pid)
+    return directory
+
+
+@contextmanager
+def batch_temp_dir(batch_id: int | str) -> Iterator[str]:
+    """:func:`make_batch_temp_dir`, removed when the block ends, whether it succeeded or failed
+    (a run killed with ``SIGKILL`` leaves it to the next run's sweep)."""
+    directory = make_batch_temp_dir(batch_id)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def core_zip(directory: str) -> str:
@@ -206,7 +411,8 @@ def after_failure(plan: BatchPlan) -> str:
 
 
 def _log_result(plan: BatchPlan, result: dict[str, Any]) -> list[ShardReport]:
-    log.info("Spark job of %s: %d records read in %.1fs, %.1fs in all",
+    # DEBUG: the task log's lines of the batch come from its summary (core.protocol.log_outcome)
+    log.debug("Spark job of %s: %d records read in %.1fs, %.1fs in all",
              describe(plan), result["records"], result["read_seconds"], result["total_seconds"])  # fmt: skip
     return [ShardReport.from_dict(r) for r in result["reports"]]
 
@@ -225,7 +431,11 @@ class SparkSubmitJob:
     process dies with this worker (:mod:`airflow_kinesis_spark.die_with_parent`), and :meth:`kill`
     stops it through the hook's ``on_kill``. On a local master the Spark UI is off and its kill
     links disabled (set ``spark.ui.enabled`` in ``spark_conf`` to turn it back on; it then binds to
-    the driver's host).
+    the driver's host). Spark logs warnings and errors only: the job's log4j 2 configuration
+    (:data:`LOG4J_CONFIG`, :func:`with_log_config`) goes with it; ``spark.log.level`` in
+    ``spark_conf`` (e.g. ``INFO``) sets its level. The job's files are in a private temporary
+    directory, removed when the run ends, and by the next run if this one was killed
+    (:func:`batch_temp_dir`); on a local master Spark's own scratch space is there too.
     """
 
     takes_batch_from_store = True
@@ -242,7 +452,7 @@ class SparkSubmitJob:
         :raises RuntimeError: the job failed (its exit code and the hook's error).
         """
         plan_label = f"batch {arguments.batch_id}"
-        with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{arguments.batch_id}-") as tmp:
+        with batch_temp_dir(arguments.batch_id) as tmp:
             args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
             self._submit(plan_label, args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
                          output_location=output_location, checkpoint_table=arguments.checkpoint_table)  # fmt: skip
@@ -269,10 +479,14 @@ class SparkSubmitJob:
         from airflow_kinesis_spark.die_with_parent import SCRUBBED_ENV_PREFIXES
 
         self.check_detachable()
-        tmp = tempfile.mkdtemp(prefix=f"kinesis-batch-{arguments.batch_id}-")
+        tmp = make_batch_temp_dir(arguments.batch_id)
         args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
-        hook = self._build_hook(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
-                                output_location, arguments.checkpoint_table)  # fmt: skip
+        try:
+            hook = self._build_hook(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
+                                    output_location, arguments.checkpoint_table)  # fmt: skip
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         master = str(hook._connection.get("master") or "")
         if master.startswith("local"):
             command = SparkSubmitHook._build_spark_submit_command(hook, spark_script_path())  # without die_with_parent
@@ -284,6 +498,7 @@ class SparkSubmitJob:
             with open(log_path, "wb") as out:
                 process = subprocess.Popen(command, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out,
                                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            _write_owner(tmp, process.pid)  # the detached job uses the directory from now on
             return f"local driver, process {process.pid}, log {log_path} (removed with its directory if the job succeeds)"
         # check_detachable() above: YARN or Kubernetes in cluster deploy mode
         key = f"spark.{'yarn' if hook._is_yarn else 'kubernetes'}.submission.waitAppCompletion"
@@ -293,6 +508,8 @@ class SparkSubmitJob:
         except Exception as err:
             raise RuntimeError(f"Submitting the Spark job of batch {arguments.batch_id} failed: {err} "
                                f"(spark connection {self.settings.spark_conn_id!r})") from err  # fmt: skip
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # spark-submit returned: the cluster has its files
         return f"{master}, cluster deploy mode"
 
     def check_detachable(self) -> None:
@@ -319,7 +536,7 @@ class SparkSubmitJob:
 
         :raises RuntimeError: the job failed or ended without a report.
         """
-        with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:
+        with batch_temp_dir(plan.batch_id) as tmp:
             plan_file = os.path.join(tmp, "plan.json")
             report_file = os.path.join(tmp, "report.json")
             with open(plan_file, "w", encoding="utf-8") as fh:
@@ -368,15 +585,17 @@ class SparkSubmitJob:
         from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 
         conf = dict(s.spark_conf)
+        files: str | None = None
 
         def build(env: dict[str, str] | None) -> Any:
-            return BatchSparkSubmitHook(conf=conf, conn_id=s.spark_conn_id, py_files=py_files,
+            return BatchSparkSubmitHook(conf=conf, conn_id=s.spark_conn_id, py_files=py_files, files=files,
                                         application_args=args, env_vars=env, name=name)  # fmt: skip
 
         probe = build(None)
         local = str(probe._connection.get("master") or "").startswith("local")
         if local:
             conf = {**LOCAL_UI_CONF, **conf}  # the DAG author's spark_conf wins
+        conf, files = with_log_config(conf, local=local, cluster_deploy_mode=probe._connection.get("deploy_mode") == "cluster")
         # On YARN and Kubernetes the provider turns env_vars into --conf options on the command
         # line; credentials must not go there, so the cluster's own role is used instead.
         on_command_line = probe.env_goes_on_command_line
@@ -386,6 +605,10 @@ class SparkSubmitJob:
                                 store_key=f"{stream_name_of(stream_name)}|{consumer_name}", cluster_role=on_command_line)  # fmt: skip
         if local:
             env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver (and a UI turned back on) listen on loopback only
+            if "spark.local.dir" not in conf and not os.environ.get("SPARK_LOCAL_DIRS"):
+                # Spark's scratch space (spark-*, blockmgr-*) in the run's private directory (the one
+                # holding the package zip): removed with it, also after a kill (sweep_leftover_temp_dirs).
+                env["SPARK_LOCAL_DIRS"] = os.path.dirname(core)
         env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
         venv_bin = Path(sys.executable).parent
         if not on_command_line and not shutil.which("spark-submit") and (venv_bin / "spark-submit").exists():
@@ -565,7 +788,7 @@ class SparkConnectJob:
         check_spark_connect(url, s.spark_conn_id)
         saved = {k: os.environ.get(k) for k in CONNECT_ENV_VARS}
         try:
-            with tempfile.TemporaryDirectory(prefix=f"kinesis-batch-{plan.batch_id}-") as tmp:
+            with batch_temp_dir(plan.batch_id) as tmp:
                 artifacts = [core_zip(tmp), *filter(None, (s.py_files or "").split(","))]
                 self._spark = self._session(SparkSession, url, plan, artifacts)
                 result = job.run(self._spark, plan.to_dict(), transform, aws_env,
