@@ -217,6 +217,7 @@ def keys_in(low: int, high: int, n: int, prefix: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_efo_across_a_split_and_a_merge_reads_what_polling_reads_children_after_parents(moto_endpoint, dynamodb, unique_name):
     """The batch protocol (planner, DynamoDB store, probes, commit) with a job that reads like the
     Spark job, one EFO consumer and one polling consumer of one stream on moto, records put

@@ -141,3 +141,32 @@ def test_five_calls_per_second_per_shard(kinesis, moto_endpoint, unique_name):
         # a second later the shard takes calls again
         time.sleep(1.1)
         assert c.get_records(ShardIterator=iterator, Limit=10)["Records"] == []
+
+
+def test_enhanced_fan_out_consumers_each_have_their_own_2_mib_per_second(kinesis, moto_endpoint, stream, lines):
+    """Two EFO consumers and a paced polling consumer read one backlog at once through the proxy:
+    each EFO consumer is paced to 2 MiB/s per shard of its own (SubscribeToShard, served by
+    demo.subscribe), none of them takes from the polling consumer's budget, all read everything."""
+    from airflow_kinesis_spark.core.consumers import ensure_stream_consumer
+
+    create_stream(kinesis, stream, 2)
+    loaded = load_backlog(kinesis, stream, 6, lines)
+    with ThrottlingProxy(moto_endpoint) as proxy:
+        c = client(proxy.endpoint, retries=3)
+        arns = [ensure_stream_consumer(c, stream, name, poll_seconds=0.1) for name in ("efo-a", "efo-b")]
+        readers = {consumer: [ShardReader(c, stream, r, consumer_arn=consumer_arn) for r in ranges(kinesis, stream)]
+                   for consumer, consumer_arn in (("polling", None), ("efo-a", arns[0]), ("efo-b", arns[1]))}  # fmt: skip
+        read: dict[str, int] = dict.fromkeys(readers, 0)
+        owner = {id(reader): consumer for consumer, group in readers.items() for reader in group}
+        started = time.monotonic()
+        for reader, page in read_concurrently([reader for group in readers.values() for reader in group]):
+            if page:
+                read[owner[id(reader)]] += len(page)
+        elapsed = time.monotonic() - started
+        assert read == dict.fromkeys(readers, loaded["user_records"])  # everything, once each
+        assert proxy.stats[f"SubscribeToShard.bytes:{stream}"] == 2 * loaded["bytes"]
+        assert proxy.stats[f"SubscribeToShard.subscriptions:{stream}"] == 4  # one per consumer and shard
+        assert proxy.stats["GetRecords.throttled"] <= 1, proxy.stats  # the EFO reads took nothing from polling
+        # Each EFO consumer is held to 2 shards x 2 MiB/s: its ~6 MiB took at least about 1.5 s
+        # (less the first event of each shard, which goes at once).
+        assert elapsed >= 0.9 * (loaded["bytes"] - 2 * MIB) / (2 * 2 * MIB), elapsed
