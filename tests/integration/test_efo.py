@@ -1,12 +1,16 @@
 """Enhanced fan-out against a local SubscribeToShard (demo.subscribe.FanOutProxy in front of a moto
-server over HTTP): the reader's EFO path reads what polling reads, renews ended subscriptions
-without loss or duplicates, and waits out ResourceInUseException."""
+server over HTTP): the reader's EFO path reads what polling reads, renews ended, failed and
+taken-over subscriptions without loss or duplicates, waits out ResourceInUseException, ends a
+closed shard at its child shards, and reads across a split and a merge what polling reads
+(children after parents); the operator over Spark Connect with consumer_type="efo"."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import replace
+from datetime import datetime, timezone
 
 import boto3
 import pytest
@@ -22,7 +26,7 @@ from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stre
 
 pytestmark = [pytest.mark.integration]
 
-FAR = __import__("datetime").datetime(2100, 1, 1, tzinfo=__import__("datetime").timezone.utc)
+FAR = datetime(2100, 1, 1, tzinfo=timezone.utc)
 
 
 def client(endpoint: str):
@@ -212,7 +216,7 @@ def keys_in(low: int, high: int, n: int, prefix: str) -> list[str]:
     found, i = [], 0
     while len(found) < n:
         key, i = f"{prefix}{i}", i + 1
-        if low <= int(__import__("hashlib").md5(key.encode()).hexdigest(), 16) < high:
+        if low <= int(hashlib.md5(key.encode()).hexdigest(), 16) < high:
             found.append(key)
     return found
 
@@ -244,7 +248,7 @@ def test_efo_across_a_split_and_a_merge_reads_what_polling_reads_children_after_
         def step() -> None:
             """One batch of each consumer over the same records."""
             time.sleep(0.01)  # the cutoff in a later millisecond than the puts
-            cutoff = __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
+            cutoff = datetime.now(timezone.utc)
             for kind, name in consumers.items():
                 settings = IncrementalSettings(stream_name=stream, consumer_name=name, output_root=f"mem://{kind}", cutoff=cutoff,
                                                min_call_interval=0.0, consumer_type=kind)  # fmt: skip
