@@ -46,6 +46,10 @@ __all__ = [
 #: calls per second per shard, a budget shared with every reader of the shard (Kinesis API
 #: reference). At this floor a poll uses at most 0.2 and 0.6 of them, leaving the batches' readers the rest.
 MIN_BACKLOG_POLL_INTERVAL_S = 5.0
+#: While :class:`KinesisBacklogTrigger` holds after an event, it reads the consumer's head (one
+#: strongly consistent ``GetItem``, no Kinesis call) this often (seconds), and polls the backlog
+#: as soon as a run committed, instead of up to ``poke_interval`` later.
+BACKLOG_HOLD_HEAD_INTERVAL_S = 1.0
 
 
 class _ConsumerTrigger(BaseTrigger):
@@ -233,7 +237,11 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
     watched). It fires at most once per committed batch: after an event it holds while the
     consumer's committed batch id is unchanged, and fires again only once a run committed and
     the backlog after that commit passes a threshold again. As it reads committed checkpoints,
-    it never fires for records a run already committed. When Airflow re-creates it (triggerer
+    it never fires for records a run already committed. While it holds, it reads only the
+    consumer's head (one ``GetItem``) every ``BACKLOG_HOLD_HEAD_INTERVAL_S`` (1 s), and polls the
+    backlog as soon as the committed batch id moved: a run's records that arrived meanwhile start
+    the next run within about a second of the commit, not up to ``poke_interval`` later (at most
+    one backlog poll per commit beyond the interval's). When Airflow re-creates it (triggerer
     restart, changed arguments), the hold starts afresh, so one more event may come for a
     backlog a run is ingesting: the next run then finds little or nothing, and a run without
     new records starts no Spark job. Schedule the DAG with ``max_active_runs=1``: events during
@@ -330,7 +338,30 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
                     payload = None
                 if payload is not None:
                     yield TriggerEvent(payload)
-                await asyncio.sleep(self.poke_interval)
+                await self._wait_for_next_poll(dynamodb)
+
+    async def _wait_for_next_poll(self, dynamodb: Any) -> None:
+        """Sleep ``poke_interval`` seconds; while holding after an event, end early once the
+        consumer's committed batch id moved (read every ``BACKLOG_HOLD_HEAD_INTERVAL_S``)."""
+        deadline = time.monotonic() + self.poke_interval
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._fired_for is None:
+                await asyncio.sleep(left)
+                return
+            await asyncio.sleep(min(left, BACKLOG_HOLD_HEAD_INTERVAL_S))
+            try:
+                committed = (await aio.read_head(dynamodb, self._store())).committed_batch_id
+            except Exception as err:  # noqa: BLE001 - the next backlog poll reads the head again
+                self.log.info("reading the head of %s/%s failed (%s); polling at the interval", self.stream_name,
+                              self.consumer_name, err)  # fmt: skip
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+                return
+            if committed != self._fired_for:
+                self.log.info("batch %s committed: polling the backlog now", committed)
+                return
 
 
 class KinesisBatchReportTrigger(_ConsumerTrigger):

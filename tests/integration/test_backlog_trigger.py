@@ -182,6 +182,36 @@ def test_one_event_per_committed_batch_while_the_trigger_keeps_running(fast_poll
     assert len(seen) == 2
 
 
+def test_after_an_event_a_commit_starts_the_next_poll_at_once(aws_conn, kinesis, dynamodb, unique_name):
+    """While it holds, the trigger watches the head: a commit is followed by a backlog poll within
+    about a second, not a ``poke_interval`` (here 600 s) later."""
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [(f"k{i}", b"x") for i in range(3)])
+    trigger = trigger_for(unique_name, poke_interval=600)
+
+    async def main() -> list[dict]:
+        events: asyncio.Queue = asyncio.Queue()
+
+        async def consume() -> None:
+            async for event in trigger.run():
+                await events.put(event.payload)
+
+        task = asyncio.create_task(consume())
+        try:
+            first = await asyncio.wait_for(events.get(), 30)  # the first poll runs at once
+            await asyncio.to_thread(put_plain, kinesis, unique_name, [("more", b"y")] * 2)  # arrives mid-run
+            await asyncio.to_thread(commit_everything, kinesis, dynamodb, unique_name, 1)
+            await asyncio.to_thread(put_plain, kinesis, unique_name, [("late", b"z")] * 2)
+            second = await asyncio.wait_for(events.get(), 60)  # 60 s, a tenth of poke_interval
+            return [first, second]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    first, second = asyncio.run(main())
+    assert first["committed_batch_id"] == 0 and second["committed_batch_id"] == 1
+
+
 def test_a_failing_poll_is_logged_and_never_fires(fast_polls, aws_conn, unique_name, capfd, caplog):
     caplog.set_level(logging.INFO)
     assert events_within(trigger_for(f"{unique_name}-missing"), STARTUP + 4 * POLL) == []
