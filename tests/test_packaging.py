@@ -98,6 +98,7 @@ def test_connect_extra_brings_the_spark_connect_client_and_not_a_full_pyspark(me
 def test_wheel_ships_the_spark_job(wheel):
     with zipfile.ZipFile(wheel) as zf:
         assert "airflow_kinesis_spark/spark_scripts/kinesis_batch.py" in zf.namelist()
+        assert "airflow_kinesis_spark/spark_scripts/kinesis-batch-log4j2.properties" in zf.namelist()  # its logging
 
 
 def _locked(lock: Path) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from airflow.providers.apache.spark.hooks import spark_submit as spark_submit_mo
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import StreamNotFoundError
+from airflow_kinesis_spark.hooks.spark import log4j_config_path
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from demo.producer import committed_rows, put_aggregated, put_plain, put_raw, verify
@@ -132,6 +134,16 @@ def test_batches_are_exactly_once_and_leak_no_credentials(
     logs = caplog.text + captured.out + captured.err
     assert "Spark-Submit cmd" in logs and "Batch 2 committed" in logs  # the operator's and the hook's logs
     assert TEST_SECRET_KEY not in logs and TEST_ACCESS_KEY not in logs
+    # Spark's own INFO is off (issue 17): the job's log4j 2 configuration goes with it, none of
+    # Spark's INFO lines reach the task log, the job's own lines do; its temporary directory is gone.
+    for call in spark_calls:
+        java_options = [c for c in call["cmd"] if c.startswith("spark.driver.extraJavaOptions=")]
+        assert java_options and java_options[0].endswith("-Dlog4j2.configurationFile=" + log4j_config_path()), call["cmd"]
+        core = call["cmd"][call["cmd"].index("--py-files") + 1].split(",")[0]
+        assert Path(core).name == "airflow_kinesis_spark_core.zip" and not Path(core).parent.exists()
+    assert "INFO airflow_kinesis_spark.core.job: batch 2 claimed by" in logs
+    assert not re.search(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO ", logs), re.findall(r".*\d\d:\d\d:\d\d INFO .*", logs)[:5]
+    assert "Using Spark's default log4j profile" not in logs
 
 
 def test_failed_spark_job_is_rerun_from_the_same_plan(aws_conn, spark_calls, kinesis, dynamodb, tmp_path, unique_name):
