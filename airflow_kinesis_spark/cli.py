@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from airflow_kinesis_spark.core.admin import check_endpoint
+from airflow_kinesis_spark.core.admin import CLI_FLAGS, check_endpoint
 from airflow_kinesis_spark.core.admin import discard_pending as do_discard_pending
 from airflow_kinesis_spark.core.admin import rewind as do_rewind
 from airflow_kinesis_spark.core.consumers import deregister_stream_consumer
@@ -139,7 +139,25 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except (ValueError, KinesisSparkError, BotoCoreError, ClientError, OSError) as err:
-            raise click.ClickException(_printable(f"{type(err).__name__}: {err}")) from err
+            raise click.ClickException(_printable(f"{type(err).__name__}: {_cli_message(err, ctx.obj)}")) from err
+
+
+def _cli_message(err: Exception, opts: dict[str, Any] | None) -> str:
+    """``err``'s message in the command line's terms where the core phrases it for a DAG author's
+    connection: a stream not found names --region, --profile and --endpoint-url (unless the
+    clients came from --aws-conn-id's connection, which the message names already)."""
+    from airflow_kinesis_spark.exceptions import StreamNotFoundError
+
+    if isinstance(err, StreamNotFoundError) and not (opts or {}).get("aws_conn_id"):
+        fields = err.fields
+        account = fields.get("account")
+        return (
+            f"Kinesis stream {fields.get('stream_name')!r} does not exist in region {fields.get('region')!r} at endpoint "
+            f"{fields.get('endpoint')!r}. Check the stream name, --region, --profile and --endpoint-url."
+            + (f" For a stream of account {account} (another account's), its resource-based policy must allow your "
+               "principal: Kinesis answers a stream it may not see as not found." if account else "")
+        )  # fmt: skip
+    return str(err)
 
 
 MAIN_EPILOG = """\b
@@ -344,7 +362,7 @@ def rewind(
         progress.add_task(f"Listing the shards of {stream} and reading the checkpoints of {consumer}", total=None)
         kinesis, store = _store(ctx, stream, consumer, table)
         preview = do_rewind(kinesis, store, to, dry_run=True, discard_pending=discard_pending, output_path=output_path,
-                            owner="cli", lease_seconds=lease_seconds)  # fmt: skip
+                            owner="cli", lease_seconds=lease_seconds, names=CLI_FLAGS)  # fmt: skip
     if not as_json:
         # The heading is printed on its own: as the title of a narrow table it would wrap.
         console.print(f"Rewind {stream} / {consumer} to {to}" + (" (dry run)" if dry_run else ""), style="italic", highlight=False)
@@ -366,7 +384,7 @@ def rewind(
         progress.add_task(f"Rewinding {consumer} on {stream}", total=None)
         result = do_rewind(kinesis, store, to, discard_pending=discard_pending, output_path=output_path,
                            owner=f"cli.{uuid.uuid4().hex[:8]}", lease_seconds=lease_seconds,
-                           expected_batch_id=preview["discarded_batch_id"])  # fmt: skip
+                           expected_batch_id=preview["discarded_batch_id"], names=CLI_FLAGS)  # fmt: skip
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -411,7 +429,8 @@ def discard_pending(
     with _progress() as progress:
         progress.add_task(f"Reading the pending batch of {consumer}", total=None)
         _, store = _store(ctx, stream, consumer, table)
-        preview = do_discard_pending(store, output_path=output_path, dry_run=True, owner="cli", lease_seconds=lease_seconds)
+        preview = do_discard_pending(store, output_path=output_path, dry_run=True, owner="cli", lease_seconds=lease_seconds,
+                                     names=CLI_FLAGS)  # fmt: skip
     if preview["discarded_batch_id"] is None:
         if as_json:
             click.echo(json.dumps(preview, indent=2))
@@ -429,7 +448,8 @@ def discard_pending(
     with _progress() as progress:
         progress.add_task(f"Discarding pending batch {preview['discarded_batch_id']} of {consumer}", total=None)
         result = do_discard_pending(store, output_path=output_path, owner=f"cli.{uuid.uuid4().hex[:8]}",
-                                    lease_seconds=lease_seconds, expected_batch_id=preview["discarded_batch_id"])  # fmt: skip
+                                    lease_seconds=lease_seconds, expected_batch_id=preview["discarded_batch_id"],
+                                    names=CLI_FLAGS)  # fmt: skip
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

@@ -21,7 +21,7 @@ from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, batch_out
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError, EndpointUnreachableError
 
-__all__ = ["rewind", "discard_pending", "check_endpoint"]
+__all__ = ["rewind", "discard_pending", "check_endpoint", "ArgumentNames", "OPERATOR_ARGUMENTS", "CLI_FLAGS"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,27 @@ def check_endpoint(client: Any, source: str, *, hint: str = "", verify: bool | s
 
 # -- discarding a pending batch ----------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class ArgumentNames:
+    """How the caller names the settings this module's messages point at: the checkpoint
+    operators' arguments (:data:`OPERATOR_ARGUMENTS`) or ``kinesis-spark``'s flags (:data:`CLI_FLAGS`).
+
+    :param discard_pending: how to ask a rewind to drop a pending batch first.
+    :param output_path: the consumer's output root.
+    :param lease_seconds: the consumer's lease.
+    """
+
+    discard_pending: str
+    output_path: str
+    lease_seconds: str
+
+
+#: The names of ``KinesisCheckpointRewindOperator`` / ``KinesisDiscardPendingBatchOperator``.
+OPERATOR_ARGUMENTS = ArgumentNames(discard_pending="discard_pending=True", output_path="output_path", lease_seconds="lease_seconds")
+#: The flags of ``kinesis-spark rewind`` / ``kinesis-spark discard-pending``.
+CLI_FLAGS = ArgumentNames(discard_pending="--discard-pending", output_path="--output-path", lease_seconds="--lease-seconds")
+
 #: The keys :func:`discard_pending` and :func:`rewind` report about a discarded pending batch.
 _NOTHING_DISCARDED: dict[str, Any] = {
     "discarded_batch_id": None, "holder": None, "heartbeat_age_seconds": None, "deleted_path": None, "discarded_output": None,
@@ -147,7 +168,7 @@ def _local_path(location: str) -> Path | None:
     return None
 
 
-def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None) -> _OutputAction:
+def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None, names: ArgumentNames) -> _OutputAction:
     """Decide what discarding the pending batch of ``head`` may delete.
 
     The checkpoint table is state that anyone with write access to it can change, so nothing read
@@ -157,6 +178,8 @@ def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None) -
     committed one; the stored plan names exactly that location (else someone other than this
     task wrote the plan); it is local; and it is a directory, not a symbolic link. Values read
     from the table are quoted (``repr``) in the reasons: they are not trusted to be printable.
+
+    :param names: how the caller names ``output_path`` in the reasons.
     """
     batch_id = head.pending_batch_id
     stored = plan.output_location if plan is not None else None
@@ -171,8 +194,8 @@ def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None) -
         return _keep(f"the stored plan of batch {batch_id} names no output location", None)
     if not output_path:
         return _keep(
-            f"the stored plan names {stored!r}; pass --output-path (the operator's output_path) to delete the batch's "
-            "directory", repr(stored),
+            f"the stored plan names {stored!r}; give {names.output_path} (the consumer's output root) to delete the "
+            "batch's directory", repr(stored),
         )  # fmt: skip
     computed = batch_output_location(output_path, batch_id)
     local = _local_path(computed)
@@ -203,7 +226,7 @@ def _heartbeat_age(head: Any) -> float | None:
 
 def _discard(
     store: Any, head: Any, *, output_path: str | None, dry_run: bool, owner: str, lease_seconds: float,
-    expected_batch_id: int | None,
+    expected_batch_id: int | None, names: ArgumentNames,
 ) -> dict[str, Any]:  # fmt: skip
     """Take the pending batch of ``head`` over, delete its output if :func:`_output_action` allows,
     and drop it. With ``dry_run``, only say what that would do."""
@@ -217,24 +240,28 @@ def _discard(
         )  # fmt: skip
     if batch_id is None:
         return dict(_NOTHING_DISCARDED)
-    action = _output_action(head, store.pending_plan(head), output_path)
+    action = _output_action(head, store.pending_plan(head), output_path, names)
     result = {"discarded_batch_id": batch_id, "holder": head.pending_owner, "heartbeat_age_seconds": _heartbeat_age(head)}
     if dry_run:
         return {**result, "deleted_path": str(action.path) if action.path else None, "discarded_output": action.describe(True)}
     try:
         store.take_over(batch_id, owner, lease_seconds)  # never discard a batch a live run holds
     except BatchLeaseHeldError as err:
-        age = err.fields.get("heartbeat_age_seconds")
-        beat = f"last heartbeat {age:.1f} s ago" if isinstance(age, (int, float)) else "heartbeat unknown"
+        fields = err.fields
+        age, left = fields.get("heartbeat_age_seconds"), fields.get("seconds_left")
+        beat = f"last heartbeat {age:.1f} s ago, at {fields.get('heartbeat_at')}" if isinstance(age, (int, float)) else "heartbeat unknown"
+        when = (f"in {left:.0f} s (at {fields.get('takeover_at')})" if isinstance(left, (int, float))
+                else "once its lease expired")  # fmt: skip
         raise BatchLeaseHeldError(
             f"pending batch {batch_id} of stream {store.stream_name!r}, consumer {store.consumer_name!r} is held by "
-            f"{err.fields.get('holder')} ({beat}, lease {lease_seconds:g} s): a live run may be "
-            f"writing {action.shown or 'its output'}. Nothing was discarded or deleted. Wait until that run ends, or "
-            "until its lease expires, and try again.",
-            batch_id=batch_id, holder=err.fields.get("holder"), heartbeat_age_seconds=age, path=action.shown,
+            f"{fields.get('holder')} ({beat}; lease {lease_seconds:g} s, {names.lease_seconds}): a live run may be "
+            f"writing {action.shown or 'its output'}. Nothing was discarded or deleted. If that run is dead, its batch "
+            f"may be discarded {when}; if it is alive, it renews its lease: wait until it ends. Then try again.",
+            batch_id=batch_id, holder=fields.get("holder"), heartbeat_age_seconds=age, heartbeat_at=fields.get("heartbeat_at"),
+            seconds_left=left, takeover_at=fields.get("takeover_at"), lease_seconds=lease_seconds, path=action.shown,
         ) from err  # fmt: skip
     # Decided again now that this writer holds the batch: what is on disk may have changed meanwhile.
-    action = _output_action(head, store.pending_plan(head), output_path)
+    action = _output_action(head, store.pending_plan(head), output_path, names)
     if action.path is not None:
         try:
             shutil.rmtree(action.path)  # refuses a symbolic link, and does not follow those inside
@@ -256,6 +283,7 @@ def discard_pending(
     owner: str,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     expected_batch_id: int | None = None,
+    names: ArgumentNames = OPERATOR_ARGUMENTS,
 ) -> dict[str, Any]:
     """Drop a consumer's pending (planned, uncommitted) batch, and its output directory when that is safe.
 
@@ -280,6 +308,8 @@ def discard_pending(
         ``lease_seconds``: a holder whose last heartbeat is more recent is a live run.
     :param expected_batch_id: the pending batch the caller showed and had confirmed: if another
         batch (or none) is pending now, nothing is done.
+    :param names: how the caller names its settings in messages (:data:`OPERATOR_ARGUMENTS`,
+        :data:`CLI_FLAGS`).
     :returns: ``stream_name``, ``consumer_name``, ``dry_run``, ``committed_batch_id``,
         ``discarded_batch_id`` (the pending batch, dropped or, for a dry run, to be dropped;
         ``None`` when none is pending), ``holder`` and ``heartbeat_age_seconds`` (its holder and
@@ -288,13 +318,15 @@ def discard_pending(
         deleted, or that a real run would delete; else ``None``) and ``discarded_output`` (one
         line: ``deleted <path>`` / ``would delete <path>``, or ``nothing deleted: <why>`` /
         ``would delete nothing: <why>``; ``None`` when none is pending).
-    :raises BatchLeaseHeldError: a live run holds the batch (names the batch, the holder and the path).
+    :raises BatchLeaseHeldError: a live run holds the batch (names the batch, the holder, its last
+        heartbeat's age and time, the path, and in how many seconds the batch may be discarded if
+        the holder is dead: fields ``seconds_left``, ``takeover_at``).
     :raises CheckpointConflictError: not ``expected_batch_id`` pending, or another writer moved first.
     :raises OSError: the directory could not be deleted; the batch stays pending, its lease released.
     """
     head = store.head()
     result = _discard(store, head, output_path=output_path, dry_run=dry_run, owner=owner, lease_seconds=lease_seconds,
-                      expected_batch_id=expected_batch_id)  # fmt: skip
+                      expected_batch_id=expected_batch_id, names=names)  # fmt: skip
     return {"stream_name": store.stream_name, "consumer_name": store.consumer_name, "dry_run": dry_run,
             "committed_batch_id": head.committed_batch_id, **result}  # fmt: skip
 
@@ -310,6 +342,7 @@ def rewind(
     owner: str,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     expected_batch_id: int | None = None,
+    names: ArgumentNames = OPERATOR_ARGUMENTS,
 ) -> dict[str, Any]:
     """Set a consumer's checkpoints to ``to`` (``TRIM_HORIZON``, ``LATEST`` or a timestamp).
 
@@ -326,6 +359,7 @@ def rewind(
         the discarded batch's directory under it is deleted when :func:`discard_pending` allows.
     :param lease_seconds: the consumer's lease (seconds), see :func:`discard_pending`.
     :param expected_batch_id: see :func:`discard_pending`.
+    :param names: see :func:`discard_pending`.
     :returns: ``to``, ``dry_run``, ``batch_id`` (of the rewind, ``None`` for a dry run),
         ``discarded_batch_id``, ``holder``, ``heartbeat_age_seconds``, ``deleted_path`` and
         ``discarded_output`` (as :func:`discard_pending` returns them) and ``shards`` (shard id ->
@@ -349,14 +383,13 @@ def rewind(
     if head.pending_batch_id is not None and not discard_pending:
         raise CheckpointConflictError(
             f"consumer {store.consumer_name!r} has pending batch {head.pending_batch_id} (held by "
-            f"{head.pending_owner}); its retry would re-use the old plan. Wait for it to finish, or rewind with "
-            "--discard-pending (the operator's discard_pending=True) and --output-path (output_path) to drop it "
-            "and delete its output.",
+            f"{head.pending_owner}); its retry would re-use the old plan. Nothing was changed. Wait for it to finish, or "
+            f"rewind with {names.discard_pending} to drop it first (with {names.output_path}, also its output directory).",
             pending_batch_id=head.pending_batch_id,
         )  # fmt: skip
     discarded = (
         _discard(store, head, output_path=output_path, dry_run=dry_run, owner=owner, lease_seconds=lease_seconds,
-                 expected_batch_id=expected_batch_id)
+                 expected_batch_id=expected_batch_id, names=names)
         if discard_pending else dict(_NOTHING_DISCARDED)
     )  # fmt: skip
     result: dict[str, Any] = {"to": str(to), "dry_run": dry_run, "batch_id": None, **discarded, "shards": changes}

@@ -35,6 +35,7 @@ from typing import Any
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
 from airflow_kinesis_spark.core.planner import BatchPlan, validate_report
 from airflow_kinesis_spark.core.ranges import ShardReport
+from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.exceptions import CheckpointConflictError
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class JobArguments:
     :param consumer_name: the consumer.
     :param batch_id: the pending batch to run.
     :param lease_owner: the writer id the batch was handed over by (see module doc).
-    :param lease_seconds: the batch's lease (seconds); the job renews it every third of it.
+    :param lease_seconds: the batch's lease (seconds); the job renews it every quarter of it.
     :param records_expected: the planning run's probes saw a user record (the job may read and
         write in one pass).
     :param region_name: the store's region (``None``: the job's environment, ``AWS_DEFAULT_REGION``
@@ -120,7 +121,7 @@ class JobArguments:
         parser.add_argument("--consumer", required=True, help="the consumer (application) name")
         parser.add_argument("--batch-id", type=int, required=True, help="the pending batch to run")
         parser.add_argument("--lease-owner", required=True, help="the writer id that handed the batch over")
-        parser.add_argument("--lease-seconds", type=float, default=120.0, help="the batch's lease (seconds)")
+        parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS, help="the batch's lease (seconds)")
         parser.add_argument("--records-expected", nargs="?", const=True, default=False, type=_flag, metavar="true|false",
                             help="the planning run saw a user record: read and write in one pass (a bare flag, or a value "
                                  "for platforms that pass arguments as name/value pairs)")  # fmt: skip

@@ -67,6 +67,9 @@ class BatchPlan:
         earlier versions).
     :param consumer_arn: with enhanced fan-out (``consumer_type="efo"``), the registered stream
         consumer the job subscribes as (``core.consumers``); ``None``: polling (GetRecords).
+    :param task_settings: settings of the task that planned the batch which the ranges do not
+        show, compared when the pending plan is re-used (``transform``: ``module:function`` or
+        ``None``); ``None`` in plans of earlier versions (nothing to compare).
     """
 
     batch_id: int
@@ -86,6 +89,7 @@ class BatchPlan:
     checkpoint_table: str | None = None
     output: Mapping[str, Any] | None = None
     consumer_arn: str | None = None
+    task_settings: Mapping[str, Any] | None = None
 
     @property
     def shard_ids(self) -> list[str]:
@@ -110,6 +114,7 @@ class BatchPlan:
             "checkpoint_table": self.checkpoint_table,
             "output": dict(self.output) if self.output else None,
             "consumer_arn": self.consumer_arn,
+            "task_settings": dict(self.task_settings) if self.task_settings is not None else None,
         }
 
     @classmethod
@@ -132,6 +137,7 @@ class BatchPlan:
             checkpoint_table=data.get("checkpoint_table"),
             output=data.get("output"),
             consumer_arn=data.get("consumer_arn"),
+            task_settings=data.get("task_settings"),
         )
 
 

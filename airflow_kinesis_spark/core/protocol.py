@@ -33,10 +33,11 @@ from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES, ensure_stream_c
 from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, restart_from_trim_horizon, validate_report
-from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, to_utc
+from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, to_utc
 from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
 from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, probe_ranges
 from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shards
+from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.window import (
     derive_slices,
     plan_window,
@@ -76,8 +77,8 @@ __all__ = [
 #: How often an idle consumer records that its shards were empty up to the cutoff: otherwise a
 #: stream idle for longer than its retention period would look like lost data.
 IDLE_REFRESH = timedelta(hours=1)
-#: A run holding a pending batch renews its lease every third of this (seconds).
-DEFAULT_LEASE_SECONDS = 120.0
+# DEFAULT_LEASE_SECONDS (60 s, renewed every quarter of the lease) is defined, and its numbers
+# justified, with the lease in ``core.store``; re-exported here for the operators.
 
 
 class BatchJob(Protocol):
@@ -177,6 +178,9 @@ class IncrementalSettings:
         records (protocol tests).
     :param consumer_type: ``polling`` (GetRecords) or ``efo`` (enhanced fan-out: the consumer is
         registered as a stream consumer, or reused, and the job subscribes as it; ``core.consumers``).
+    :param transform: the task's ``package.module:function`` applied by the job before the
+        write, or ``None``: recorded in the plan (``task_settings``), so that a pending plan is
+        re-used only by a task with the same transform (:func:`check_pending_plan`).
     """
 
     stream_name: str
@@ -192,6 +196,7 @@ class IncrementalSettings:
     min_call_interval: float = MIN_CALL_INTERVAL_S
     sink: Sink | None = None
     consumer_type: str = "polling"
+    transform: str | None = None
 
 
 @dataclass(frozen=True)
@@ -464,7 +469,8 @@ def plan_batch(
         allow_data_loss=settings.allow_data_loss,
     )
     plan = replace(plan, checkpoint_table=store.table_name, output=_output_spec(settings.sink, planning=True),
-                   consumer_arn=_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, settings.consumer_type))
+                   consumer_arn=_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, settings.consumer_type),
+                   task_settings=_task_settings(settings))
     gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
     if gaps:
         detail = _gap_detail(gaps)
@@ -483,19 +489,65 @@ def plan_batch(
     return plan
 
 
-def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> None:
-    """Check a pending plan read from the checkpoint table against what this task would plan.
+#: The task's arguments that set each compared item of a pending plan: what to put back when it
+#: differs. Items not listed (batch id, mode, stream, consumer, checkpoint table, checkpoints and
+#: start positions) follow from the checkpoint table itself: no argument of the task explains a
+#: difference there, someone else wrote the table.
+_SET_BY = {
+    "output location": "output_path",
+    "output format": "output_format",
+    "partitioning": "partition_by",
+    "max records per file": "max_records_per_file",
+    "target file size": "target_file_size",
+    "derived columns": "output_format, partition_by",
+    "consumer type": "consumer_type",
+    "transform": "transform",
+    "max records per shard": "max_records_per_shard",
+    "max bytes per shard": "max_bytes_per_shard",
+    "initial position": "initial_position, initial_timestamp",
+}
+#: Keys of a stored output spec (``OutputSpec.to_dict``) and how differences in them are named.
+_OUTPUT_ITEMS = {"format": "output format", "partition": "partitioning", "max_records_per_file": "max records per file",
+                 "target_file_size": "target file size", "derived": "derived columns"}  # fmt: skip
 
-    The table is state anyone with write access to it can change, so a stored plan is re-used
-    only when it is this task's: the pending batch id, mode ``incremental``, the stream, the
-    consumer, the checkpoint table, the output location (derived from the task's output root and
-    the batch id, never taken from the plan), and start positions that follow from the committed
-    checkpoints (each range starts after the shard's committed checkpoint, or, for a shard
-    without one or with a recorded trim gap, at a sentinel).
 
-    :param head: the store's head item the plan was read through.
-    :raises PendingPlanMismatchError: naming each difference and the fix; nothing read or written.
-    """
+def _task_settings(settings: IncrementalSettings) -> dict[str, Any]:
+    """What a plan records of the task's settings that its ranges do not show (``BatchPlan.task_settings``)."""
+    return {"transform": settings.transform or None}
+
+
+def _initial_position(settings: IncrementalSettings) -> str:
+    """The task's initial position as compared with a plan's: ``AT_TIMESTAMP`` with its time."""
+    if settings.initial_position == "AT_TIMESTAMP" and settings.initial_timestamp is not None:
+        return f"AT_TIMESTAMP {format_timestamp(settings.initial_timestamp)}"
+    return settings.initial_position
+
+
+def _planned_initial_position(plan: BatchPlan) -> str | None:
+    """The initial position a first batch (no checkpoint yet) was planned with, read from its
+    ranges' starts: ``TRIM_HORIZON``, ``LATEST`` (``AT_TIMESTAMP`` of the planning time, see
+    ``planner.initial_checkpoint``) or ``AT_TIMESTAMP <time>``; ``None`` when the plan does not
+    show one (a later batch: its never-seen shards may be children, which start at ``TRIM_HORIZON``)."""
+    starts = {r.start_checkpoint for r in plan.ranges if r.shard_id not in plan.trim_gaps}
+    if plan.checkpoints or len(starts) != 1:
+        return None
+    (start,) = starts
+    if start.sentinel is Sentinel.TRIM_HORIZON:
+        return "TRIM_HORIZON"
+    if start.sentinel is Sentinel.AT_TIMESTAMP and start.timestamp is not None:
+        return "LATEST" if start.timestamp == plan.created_at else f"AT_TIMESTAMP {format_timestamp(start.timestamp)}"
+    return None
+
+
+def _caps(plan: BatchPlan, name: str) -> Any:
+    """A cap of the plan's ranges (``max_records`` or ``max_bytes``): one value, or the sorted
+    values when the ranges disagree (no task plans that)."""
+    values = {getattr(r, name) for r in plan.ranges}
+    return next(iter(values)) if len(values) == 1 else sorted(values, key=str)
+
+
+def _differences(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> list[tuple[str, str]]:
+    """``(item, line)`` per difference of :func:`pending_plan_differences`."""
     pending_batch_id = head.pending_batch_id
     expected: dict[str, Any] = {
         "batch id": pending_batch_id,
@@ -504,7 +556,6 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
         "consumer": settings.consumer_name,
         "checkpoint table": store.table_name,
         "output location": batch_output_location(settings.output_root, pending_batch_id or 0),
-        "output": _output_spec(settings.sink),
         "consumer type": settings.consumer_type,
     }
     stored: dict[str, Any] = {
@@ -514,30 +565,106 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
         "consumer": plan.consumer_name,
         "checkpoint table": plan.checkpoint_table or store.table_name,  # plans of earlier versions do not name it
         "output location": plan.output_location,
-        "output": _stored_output_settings(plan.output),
         "consumer type": "efo" if plan.consumer_arn else "polling",
     }
-    if expected["output"] is None or stored["output"] is None:  # protocol tests, and plans of earlier versions: Parquet
-        expected["output"] = (expected["output"] or {}).get("format", "parquet")
-        stored["output"] = (stored["output"] or {}).get("format", "parquet")
-    problems = [f"{k}: the plan has {stored[k]!r}, this task has {v!r}" for k, v in expected.items() if stored[k] != v]
-    if not problems:
-        committed = {k: v.to_dict() for k, v in store.committed_checkpoints(head).items()}
-        if {k: v.to_dict() for k, v in plan.checkpoints.items()} != committed:
-            problems.append("checkpoints: the plan starts from checkpoints other than the committed ones")
-        for rng in plan.ranges:
-            known = plan.checkpoints.get(rng.shard_id)
-            sentinel_start = rng.start_checkpoint.position is None and (known is None or rng.shard_id in plan.trim_gaps)
-            if not (rng.start_checkpoint == known or sentinel_start) or rng.start != StartPosition.after(rng.start_checkpoint):
-                problems.append(f"shard {rng.shard_id}: the range starts at {rng.start}, not after its committed checkpoint {known}")
-    if problems:
-        raise PendingPlanMismatchError(
-            f"The pending plan of batch {pending_batch_id} in checkpoint table {store.table_name!r} is not what this task "
-            f"would plan: {'; '.join(problems)}. Nothing was read or written. If the task's settings changed, put them "
-            "back or drop the pending batch (kinesis-spark discard-pending); if nobody changed them, someone else wrote "
-            "the checkpoint table: check who can write it (docs/security.md).",
-            batch_id=pending_batch_id, differences=problems,
-        )  # fmt: skip
+    want_output, have_output = _output_spec(settings.sink), _stored_output_settings(plan.output)
+    if want_output is None or have_output is None:  # protocol tests, and plans of earlier versions: Parquet
+        expected["output format"] = (want_output or {}).get("format", "parquet")
+        stored["output format"] = (have_output or {}).get("format", "parquet")
+    else:
+        for key in [*_OUTPUT_ITEMS, *sorted(set(want_output) | set(have_output) - set(_OUTPUT_ITEMS))]:
+            item = _OUTPUT_ITEMS.get(key, f"output {key}")
+            expected[item], stored[item] = want_output.get(key), have_output.get(key)
+    if plan.task_settings is not None:  # plans of earlier versions did not record them
+        expected["transform"], stored["transform"] = _task_settings(settings)["transform"], plan.task_settings.get("transform")
+    if plan.ranges:
+        expected["max records per shard"], stored["max records per shard"] = settings.max_records_per_shard, _caps(plan, "max_records")
+        expected["max bytes per shard"], stored["max bytes per shard"] = settings.max_bytes_per_shard, _caps(plan, "max_bytes")
+    if (initial := _planned_initial_position(plan)) is not None:
+        expected["initial position"], stored["initial position"] = _initial_position(settings), initial
+    found = [
+        (k, f"{k}: the plan has {stored[k]!r}, this task has {v!r}" + (f" (set by {_SET_BY[k]})" if k in _SET_BY else ""))
+        for k, v in expected.items() if stored[k] != v
+    ]  # fmt: skip
+    if any(k not in _SET_BY for k, _ in found):
+        return found  # not this consumer's plan: its start positions say nothing more
+    committed = {k: v.to_dict() for k, v in store.committed_checkpoints(head).items()}
+    if {k: v.to_dict() for k, v in plan.checkpoints.items()} != committed:
+        found.append(("checkpoints", "checkpoints: the plan starts from checkpoints other than the committed ones"))
+    for rng in plan.ranges:
+        known = plan.checkpoints.get(rng.shard_id)
+        sentinel_start = rng.start_checkpoint.position is None and (known is None or rng.shard_id in plan.trim_gaps)
+        if not (rng.start_checkpoint == known or sentinel_start) or rng.start != StartPosition.after(rng.start_checkpoint):
+            found.append((f"shard {rng.shard_id}",
+                          f"shard {rng.shard_id}: the range starts at {rng.start}, not after its committed checkpoint {known}"))  # fmt: skip
+    return found
+
+
+def pending_plan_differences(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> list[str]:
+    """How a pending plan read from the checkpoint table differs from what this task would plan:
+    one line per difference, ``"<item>: the plan has <a>, this task has <b> (set by <argument>)"``
+    (``(set by ...)`` only where an argument of the task sets the item); ``[]`` when it is this
+    task's plan. See :func:`check_pending_plan`."""
+    return [line for _, line in _differences(plan, head, store, settings)]
+
+
+def discard_pending_command(stream: str, consumer: str, table: str) -> str:
+    """The ``kinesis-spark discard-pending`` command line (its dry run) for one consumer."""
+    return f"kinesis-spark discard-pending {stream} -c {consumer} -t {table} --dry-run"
+
+
+def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> None:
+    """Check a pending plan read from the checkpoint table against what this task would plan.
+
+    The table is state anyone with write access to it can change, and a DAG's settings change, so
+    a stored plan is re-used only when it is this task's (:func:`pending_plan_differences`): the
+    pending batch id, mode ``incremental``, the stream, the consumer, the checkpoint table, the
+    output location (derived from the task's output root and the batch id, never taken from the
+    plan), the output spec (format, partitioning, file sizes), the consumer type, the transform,
+    the caps per shard, a first batch's initial position, and start positions that follow from
+    the committed checkpoints (each range starts after the shard's committed checkpoint, or, for
+    a shard without one or with a recorded trim gap, at a sentinel).
+
+    :param head: the store's head item the plan was read through.
+    :raises PendingPlanMismatchError: naming each difference, the task's argument that sets it,
+        and the fix: put the argument back (the pending batch then finishes as planned), or drop
+        the pending batch (``kinesis-spark discard-pending`` with this consumer's stream, consumer
+        and table, or ``KinesisDiscardPendingBatchOperator``; the committed checkpoints stay);
+        nothing read or written. Fields: ``batch_id``, ``differences`` (the lines), ``arguments``
+        (the task's arguments that set them), ``discard_command``.
+    """
+    found = _differences(plan, head, store, settings)
+    if not found:
+        return
+    arguments = sorted({a.strip() for k, _ in found if k in _SET_BY for a in _SET_BY[k].split(",")})
+    foreign = any(k not in _SET_BY for k, _ in found)
+    stream = stream_name_of(settings.stream_name)
+    command = discard_pending_command(settings.stream_name, settings.consumer_name, store.table_name)
+    what = (
+        f"The pending plan of batch {head.pending_batch_id} of stream {stream!r}, consumer {settings.consumer_name!r} in "
+        f"checkpoint table {store.table_name!r} is not what this task would plan: {'; '.join(line for _, line in found)}. "
+        "Nothing was read or written."
+    )  # fmt: skip
+    drop = (
+        "drop the pending batch; the committed checkpoints stay and the next run plans the batch anew from them: run "
+        f"`{command}` to see it, then again with --yes instead of --dry-run (add --output-path with the output root "
+        "the plan was made with to delete what the batch wrote there), or run KinesisDiscardPendingBatchOperator"
+    )
+    if foreign:
+        fix = (
+            " No argument of this task sets some of these: someone else wrote the checkpoint table. Check who can write "
+            f"it (docs/security.md), then {drop}."
+        )
+    else:
+        named = ", ".join(arguments)
+        fix = (
+            f" To keep the new {named}, {drop}. To finish the pending batch as planned instead, put {named} back. If "
+            f"nobody changed {named}, someone else wrote the checkpoint table: check who can write it (docs/security.md)."
+        )
+    raise PendingPlanMismatchError(
+        what + fix, batch_id=head.pending_batch_id, differences=[line for _, line in found], arguments=arguments,
+        discard_command=command,
+    )  # fmt: skip
 
 
 def _stored_output_settings(output: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -71,7 +71,56 @@ from airflow_kinesis_spark.exceptions import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "TTL_ATTRIBUTE", "DEFAULT_KEEP_BATCHES", "join_chunks"]
+__all__ = [
+    "Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "TTL_ATTRIBUTE", "DEFAULT_KEEP_BATCHES", "DEFAULT_LEASE_SECONDS",
+    "HEARTBEATS_PER_LEASE", "heartbeat_interval", "join_chunks",
+]  # fmt: skip
+
+#: The lease on a pending batch by default (seconds): a holder that sent no heartbeat for this
+#: long may be taken over. It bounds how long a retry after a run that died without a word (kill
+#: -9, OOM, a lost machine) waits; a run that fails gives its lease back at once. 60 s: four
+#: renewals (:data:`HEARTBEATS_PER_LEASE`) 15 s apart, each one conditional ``UpdateItem`` of a
+#: few milliseconds, so a holder keeps its lease through two failed renewals in a row with a
+#: quarter of the lease to spare, and loses it only when DynamoDB refused or lost its renewals for
+#: 45 s or more. Losing it is safe (the holder is fenced: its report and commit are refused, a
+#: driver publishes nothing), never a double write; the cost is a re-run. It must stay well above
+#: the clock difference between workers and Spark drivers (the heartbeat's age is the reader's
+#: clock minus the holder's) and, over Spark Connect, above the time a batch's job runs (a killed
+#: worker's job goes on running on the server: docs/guarantees.md).
+DEFAULT_LEASE_SECONDS = 60.0
+
+#: Renewals per lease: a holder renews its lease every ``lease_seconds / 4`` (:func:`heartbeat_interval`).
+HEARTBEATS_PER_LEASE = 4
+
+
+def heartbeat_interval(lease_seconds: float) -> float:
+    """Seconds between two renewals of a lease of ``lease_seconds`` (a quarter of it)."""
+    return lease_seconds / HEARTBEATS_PER_LEASE
+
+
+def lease_held_error(
+    what: str, batch_id: int, holder: str | None, heartbeat_ms: int, lease_seconds: float, *, now_ms: int, advice: str,
+) -> BatchLeaseHeldError:  # fmt: skip
+    """The error for ``what`` (e.g. ``batch 7 of stream 's', consumer 'c'``) held by ``holder``
+    whose last heartbeat was at ``heartbeat_ms`` (epoch milliseconds): who holds it, its last
+    heartbeat (age and time), the lease, and in how many seconds (and when) it may be taken over
+    if the holder does not renew it. ``advice`` (what the caller should do) ends the message.
+
+    Fields: ``batch_id``, ``holder``, ``heartbeat_age_seconds``, ``heartbeat_at`` and
+    ``takeover_at`` (ISO 8601 UTC), ``lease_seconds``, ``seconds_left``.
+    """
+    age = max(0.0, (now_ms - heartbeat_ms) / 1000)
+    left = max(0.0, lease_seconds - age)
+    beat_at = format_timestamp(datetime.fromtimestamp(heartbeat_ms / 1000, timezone.utc))
+    takeover_at = format_timestamp(datetime.fromtimestamp(heartbeat_ms / 1000 + lease_seconds, timezone.utc))
+    return BatchLeaseHeldError(
+        f"{what} is being run by {holder} (last heartbeat {age:.1f}s ago, lease {lease_seconds:g}s): it may be taken "
+        f"over in {left:.0f}s (at {takeover_at}) if that holder does not renew its lease; its last heartbeat was at "
+        f"{beat_at}, and a live holder renews it every {heartbeat_interval(lease_seconds):g}s. {advice}",
+        batch_id=batch_id, holder=holder, heartbeat_age_seconds=age, heartbeat_at=beat_at, takeover_at=takeover_at,
+        lease_seconds=lease_seconds, seconds_left=left,
+    )  # fmt: skip
+
 
 #: Batches of the batch log kept by default (see ``DynamoDBCheckpointStore(keep_batches=...)``).
 DEFAULT_KEEP_BATCHES = 100
@@ -503,7 +552,7 @@ class DynamoDBCheckpointStore:
         )  # fmt: skip
         log.info("batch %d planned and persisted (%d shard ranges, owner %s)", plan.batch_id, len(plan.ranges), owner)
 
-    def take_over(self, batch_id: int, owner: str, lease_seconds: float = 120.0) -> Head:
+    def take_over(self, batch_id: int, owner: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Head:
         """Become the holder of pending batch ``batch_id`` (a retry re-using its plan).
 
         Only once the holder's lease expired: no heartbeat for ``lease_seconds``. The previous
@@ -523,7 +572,8 @@ class DynamoDBCheckpointStore:
         return self.head()
 
     def claim(
-        self, batch_id: int, lease_owner: str, writer: str, lease_seconds: float = 120.0, *, before_report: bool = False
+        self, batch_id: int, lease_owner: str, writer: str, lease_seconds: float = DEFAULT_LEASE_SECONDS, *,
+        before_report: bool = False,
     ) -> Head:
         """Become the holder of pending batch ``batch_id`` as ``writer``, on behalf of ``lease_owner``.
 
@@ -577,17 +627,16 @@ class DynamoDBCheckpointStore:
         return self.head()
 
     def _raise_if_leased(self, head: Head, batch_id: int, owner: str, lease_seconds: float) -> None:
+        """Raise :class:`BatchLeaseHeldError` when another writer's lease on ``batch_id`` is alive."""
         if head.pending_batch_id == batch_id and head.pending_owner != owner and head.pending_heartbeat is not None:
-            age = (_now_ms() - head.pending_heartbeat) / 1000
+            now_ms = _now_ms()
+            age = (now_ms - head.pending_heartbeat) / 1000
             if age < lease_seconds:
-                left = lease_seconds - age
-                raise BatchLeaseHeldError(
-                    f"batch {batch_id} of stream {self.stream_name!r}, consumer {self.consumer_name!r} is being run "
-                    f"by {head.pending_owner} (last heartbeat {age:.1f}s ago, lease {lease_seconds:g}s): it may be "
-                    f"taken over in {left:.0f}s if that holder does not renew its lease. Another run of this consumer "
-                    "is at work, or one that died recently; retry after that (a task's retry_delay longer than the "
-                    "lease does it: docs/troubleshooting.md).",
-                    batch_id=batch_id, holder=head.pending_owner, heartbeat_age_seconds=age, seconds_left=left,
+                raise lease_held_error(
+                    f"batch {batch_id} of stream {self.stream_name!r}, consumer {self.consumer_name!r}", batch_id,
+                    head.pending_owner, head.pending_heartbeat, lease_seconds, now_ms=now_ms,
+                    advice=f"Another run of this consumer is at work, or one that died less than {lease_seconds:g}s ago; "
+                    "retry after that (a task's retry_delay longer than lease_seconds does it: docs/troubleshooting.md).",
                 )  # fmt: skip
 
     def _update_lease(self, batch_id: int, owner: str, lease_seconds: float) -> None:
@@ -640,7 +689,7 @@ class DynamoDBCheckpointStore:
         that a live run is handing to its job.
 
         A daemon thread renews the heartbeat (:meth:`heartbeat` as ``lease_owner``) every
-        ``lease_seconds / 3`` and stops at the first renewal that finds another holder: the job's
+        ``lease_seconds / 4`` (:func:`heartbeat_interval`) and stops at the first renewal that finds another holder: the job's
         driver claimed the batch and renews its own lease from then on (or the batch moved on).
         Any other renewal error is logged as a warning and retried at the next renewal. On exit
         the thread is stopped and joined (at most 10 s); nothing is released (see
@@ -653,7 +702,7 @@ class DynamoDBCheckpointStore:
         done = threading.Event()
 
         def renew() -> None:
-            while not done.wait(lease_seconds / 3):
+            while not done.wait(heartbeat_interval(lease_seconds)):
                 try:
                     self.heartbeat(batch_id, lease_owner)
                 except CheckpointConflictError:
@@ -694,7 +743,8 @@ class DynamoDBCheckpointStore:
     ) -> Iterator[None]:
         """Hold the lease on pending batch ``batch_id`` while the body runs (e.g. the Spark job).
 
-        A daemon thread renews the lease (:meth:`heartbeat`) every ``lease_seconds / 3``. If a
+        A daemon thread renews the lease (:meth:`heartbeat`) every ``lease_seconds / 4``
+        (:func:`heartbeat_interval`). If a
         renewal finds that another writer took the batch over (this run stalled past its lease),
         the lease is lost: the error is logged, ``on_lost(err)`` is called from the thread (the
         caller kills its job there: its output must not race the other writer's) and renewing
@@ -711,7 +761,7 @@ class DynamoDBCheckpointStore:
         :param batch_id: the pending batch this writer holds (after :meth:`begin` or :meth:`take_over`).
         :param owner: this writer.
         :param lease_seconds: the lease, seconds (as given to :meth:`take_over`); renewed every
-            third of it. Must be > 0.
+            quarter of it. Must be > 0.
         :param on_lost: called once, from the renewal thread, when the lease is lost; an error it
             raises is logged.
         :raises ValueError: ``lease_seconds`` is not > 0 (before anything starts).
@@ -723,7 +773,7 @@ class DynamoDBCheckpointStore:
         lost: list[CheckpointConflictError] = []
 
         def renew() -> None:
-            while not done.wait(lease_seconds / 3):
+            while not done.wait(heartbeat_interval(lease_seconds)):
                 try:
                     self.heartbeat(batch_id, owner)
                 except CheckpointConflictError as err:

@@ -138,9 +138,11 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         pays neither an artifact upload nor a Python worker start. The server drops it after its
         idle timeout (``spark.connect.session.manager.defaultSessionTimeout``); a session it no
         longer accepts is replaced by a new one.
-    :param lease_seconds: a run holding a pending batch renews its lease every third of this
-        (seconds); another run may take the batch over (re-using its plan) only after the lease
-        expired. Keep it below the task's ``retry_delay``.
+    :param lease_seconds: the lease on a pending batch (seconds, default 60): its holder renews
+        it every quarter of this; another run may take the batch over (re-using its plan) only
+        after it expired, so a retry after a run that died without a word waits up to this long.
+        Keep it below the task's ``retry_delay``; over Spark Connect keep it above the longest
+        batch's job (docs/guarantees.md).
     :param job_credentials: the AWS credentials the Spark job gets: ``scoped`` (default:
         temporary credentials from STS limited by a session policy to reading this stream; the
         connection's long-lived keys never leave the worker; see
@@ -457,6 +459,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
             min_call_interval=self.min_call_interval,
             sink=self.sink,
             consumer_type=self.consumer_type,
+            transform=self.transform or None,
         )
 
     @cached_property

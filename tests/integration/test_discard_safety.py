@@ -164,8 +164,9 @@ def test_without_an_output_root_nothing_is_deleted(tool, store, kinesis, moto_en
     plant(store, kinesis, str(path))
     said = run_tool(tool, store, moto_endpoint, None)
     assert (path / "part-0.parquet").exists()
-    assert said == (f"nothing deleted: the stored plan names {str(path)!r}; pass --output-path (the operator's "
-                    "output_path) to delete the batch's directory")  # fmt: skip
+    # each tool names its own way to give the output root: a CLI flag, an operator argument
+    flag = "--output-path" if tool.endswith("cli") else "output_path"
+    assert said == f"nothing deleted: the stored plan names {str(path)!r}; give {flag} (the consumer's output root) to delete the batch's directory"
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -299,7 +300,8 @@ def test_a_pending_batch_without_discard_names_the_cli_flag(store, kinesis, moto
         result = invoke(moto_endpoint, store, "rewind", "--to", "TRIM_HORIZON", *extra)
         assert result.exit_code == 1, result.output
         assert "Error: CheckpointConflictError: consumer 'lake' has pending batch 2 (held by crashed-run)" in result.output
-        assert "rewind with --discard-pending" in result.output
+        assert "rewind with --discard-pending to drop it first (with --output-path, also its output directory)" in result.output
+        assert "discard_pending=True" not in result.output and "output_path" not in result.output  # no operator argument
     assert store.head().pending_batch_id == 2 and store.head().committed_batch_id == 1
 
 

@@ -90,7 +90,7 @@ def test_rewind_refuses_a_pending_batch_unless_discarded(consumed, kinesis, tmp_
                             shards=list_shards(kinesis, store.stream_name), checkpoints=store.committed_checkpoints(),
                             cutoff=now, now=now, output_location="x")  # fmt: skip
     store.begin(plan, "crashed-run")
-    with pytest.raises(AirflowFailException, match=r"has pending batch 2 .held by crashed-run.*--discard-pending"):
+    with pytest.raises(AirflowFailException, match=r"has pending batch 2 .held by crashed-run.*rewind with discard_pending=True"):
         rewind_op(store, "TRIM_HORIZON").execute({})
     plan_output = tmp_path / "batch_id=2"
     (plan_output / "part-0.parquet").parent.mkdir(parents=True)
