@@ -254,7 +254,7 @@ def _discard(
                 else "once its lease expired")  # fmt: skip
         raise BatchLeaseHeldError(
             f"pending batch {batch_id} of stream {store.stream_name!r}, consumer {store.consumer_name!r} is held by "
-            f"{fields.get('holder')} ({beat}; lease {lease_seconds:g} s, {names.lease_seconds}): a live run may be "
+            f"{fields.get('holder')} ({beat}; lease: {names.lease_seconds} {lease_seconds:g}): a live run may be "
             f"writing {action.shown or 'its output'}. Nothing was discarded or deleted. If that run is dead, its batch "
             f"may be discarded {when}; if it is alive, it renews its lease: wait until it ends. Then try again.",
             batch_id=batch_id, holder=fields.get("holder"), heartbeat_age_seconds=age, heartbeat_at=fields.get("heartbeat_at"),

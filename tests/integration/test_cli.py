@@ -118,6 +118,9 @@ def test_unreachable_endpoint_is_one_line_within_seconds(monkeypatch):
 def test_aws_errors_are_one_line_too(consumed, moto_endpoint):
     result = invoke(CliRunner(), moto_endpoint, "checkpoints", "no-such-stream", "-c", "lake", "-t", consumed.table_name)
     assert result.exit_code == 1 and "Error: StreamNotFoundError: Kinesis stream 'no-such-stream'" in result.output
+    # what to check is named as the command line names it, not as a connection's extras
+    assert "Check the stream name, --region, --profile and --endpoint-url." in result.output
+    assert "extras" not in result.output and "endpoint_url" not in result.output
     no_region = CliRunner(env={"AWS_DEFAULT_REGION": None, "AWS_REGION": None, "AWS_CONFIG_FILE": "/dev/null"}).invoke(
         cli, ["--endpoint-url", moto_endpoint, "checkpoints", "s", "-c", "lake", "-t", "t"]
     )

@@ -272,3 +272,34 @@ def test_wrong_output_path_fixed_then_discard_pending_then_exactly_once(
         rows.extend(zip(*t.to_pydict().values(), strict=True))
     check = verify(produced, rows)
     assert check.ok, check
+
+
+@pytest.mark.parametrize("tool", ["cli", "operator"])
+def test_discarding_a_live_batch_says_when_it_may_be_discarded_in_the_caller_s_terms(
+    tool, kinesis, store, unique_name, moto_endpoint, aws_conn, monkeypatch
+):
+    from airflow_kinesis_spark.core.planner import plan_incremental
+    from airflow_kinesis_spark.core.shards import list_shards
+    from airflow_kinesis_spark.operators.checkpoints import KinesisDiscardPendingBatchOperator
+
+    create_stream(kinesis, unique_name, 1)
+    now = datetime.now(timezone.utc)
+    plan = plan_incremental(batch_id=1, stream_name=unique_name, consumer_name="lake", shards=list_shards(kinesis, unique_name),
+                            checkpoints={}, cutoff=now, now=now, output_location="/data/lake/batch_id=1")  # fmt: skip
+    store.begin(plan, "live-run")
+    if tool == "cli":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_SECRET_KEY)
+        result = CliRunner().invoke(cli, ["--endpoint-url", moto_endpoint, "--region", REGION, "discard-pending", unique_name,
+                                          "-c", "lake", "-t", store.table_name, "--lease-seconds", "30", "--yes"])  # fmt: skip
+        assert result.exit_code == 1
+        message, flag = result.output, "--lease-seconds 30"
+    else:
+        with pytest.raises(BatchLeaseHeldError) as info:
+            KinesisDiscardPendingBatchOperator(task_id="discard", stream_name=unique_name, consumer_name="lake",
+                                               checkpoint_table=store.table_name, lease_seconds=30).execute({})  # fmt: skip
+        message, flag = str(info.value), "lease_seconds 30"
+        assert 0 < info.value.seconds_left <= 30 and info.value.takeover_at
+    assert re.search(rf"is held by live-run \(last heartbeat \d+\.\d s ago, at [0-9T:.-]+Z; lease: {flag}\)", message), message
+    assert re.search(r"If that run is dead, its batch may be discarded in \d+ s \(at [0-9T:.-]+Z\)", message), message
+    assert ("lease_seconds" in message) == (tool == "operator") and store.head().pending_owner == "live-run"
