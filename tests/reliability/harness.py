@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import psutil
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from demo.producer import Produced, Verdict, committed_rows, verify
+from demo.subscribe import FanOutProxy
 from tests.conftest import ROOT
 from tests.conftest import aws_connection
 from tests.reliability.fault_proxy import FaultProxy
@@ -24,7 +27,11 @@ SLOW_WRITE = ROOT / "tests" / "reliability" / "slow_write.py"
 
 @dataclass
 class Consumer:
-    """One consumer of a stream, run through ``run_batch`` processes via a FaultProxy."""
+    """One consumer of a stream, run through ``run_batch`` processes via a FaultProxy.
+
+    ``consumer_type="efo"``: the runs read with enhanced fan-out; the FaultProxy's upstream must
+    then serve SubscribeToShard (:func:`fault_stack`).
+    """
 
     stream: str
     name: str
@@ -35,6 +42,7 @@ class Consumer:
     log_dir: Path
     history: list[tuple[int, dict]] = field(default_factory=list)  # (committed batch id, checkpoints) seen
     runs: int = 0
+    consumer_type: str = "polling"
 
     @property
     def store(self) -> DynamoDBCheckpointStore:
@@ -47,7 +55,8 @@ class Consumer:
         env.pop("AIRFLOW_CONN_SPARK_CONNECT_TEST", None)
         log = open(self.log_dir / f"run{self.runs:03d}.log", "w")  # noqa: SIM115 - closed with the process
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.run_batch", self.stream, self.name, self.table, str(self.output), *extra],
+            [sys.executable, "-m", "tests.reliability.run_batch", self.stream, self.name, self.table, str(self.output),
+             "--consumer-type", self.consumer_type, *extra],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
@@ -151,14 +160,32 @@ def wait_until(predicate, timeout: float, proc: subprocess.Popen | None = None, 
 
 
 def reading(consumer: Consumer, calls: int = 3):
-    """A predicate: the batch's Spark job made ``calls`` GetRecords calls since its plan was persisted."""
+    """A predicate: the batch's Spark job made ``calls`` reads since its plan was persisted
+    (GetRecords calls, or SubscribeToShard events pushed to it: :meth:`FaultProxy.reads`)."""
     state: dict[str, int] = {}
 
     def check() -> bool:
         if "base" not in state:
             if consumer.store.head().pending_batch_id is None:
                 return False
-            state["base"] = consumer.proxy.operations["GetRecords"]
-        return consumer.proxy.operations["GetRecords"] >= state["base"] + calls
+            state["base"] = consumer.proxy.reads()
+        return consumer.proxy.reads() >= state["base"] + calls
 
     return check
+
+
+@contextmanager
+def fault_stack(moto_endpoint: str, consumer_type: str = "polling", fan_out: dict | None = None,
+                **fault_kwargs: object) -> Iterator[FaultProxy]:  # fmt: skip
+    """A started FaultProxy in front of moto; for ``consumer_type="efo"`` in front of a local
+    SubscribeToShard server (``demo.subscribe.FanOutProxy(**fan_out)``, the proxy's ``fan_out``)
+    in front of moto, so faults reach SubscribeToShard too. Stops both on exit."""
+    server = FanOutProxy(moto_endpoint, **(fan_out or {})).start() if consumer_type == "efo" else None
+    proxy = FaultProxy(server.endpoint if server else moto_endpoint, **fault_kwargs).start()  # type: ignore[arg-type]
+    proxy.fan_out = server
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+        if server is not None:
+            server.stop()

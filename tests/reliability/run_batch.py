@@ -2,7 +2,7 @@
 
     python -m tests.reliability.run_batch STREAM CONSUMER TABLE OUTPUT [--transform T --py-files F]
         [--output-format iceberg|delta --table-name NS.T --catalog-uri URI] [--spark-conn-id ID]
-        [--die-after-table-commit]
+        [--consumer-type polling|efo] [--die-after-table-commit]
 
 Connections come from the environment (AIRFLOW_CONN_AWS_DEFAULT; no spark connection: spark-submit
 with local[*]). Prints the summary as its last line; exit code 1 on failure.
@@ -35,6 +35,7 @@ def main() -> int:
     parser.add_argument("--table-name")
     parser.add_argument("--catalog-uri")
     parser.add_argument("--spark-conn-id", default="spark_default")
+    parser.add_argument("--consumer-type", default="polling", choices=("polling", "efo"))
     parser.add_argument("--die-after-table-commit", action="store_true")
     args = parser.parse_args()
     output: dict = {"output_format": args.output_format}
@@ -47,7 +48,8 @@ def main() -> int:
             task_id="ingest", stream_name=args.stream, consumer_name=args.consumer, checkpoint_table=args.table,
             output_path=args.output, transform=args.transform, spark_py_files=args.py_files,
             lease_seconds=args.lease, get_records_limit=args.limit, min_call_interval=0.05,
-            spark_conf={"spark.ui.enabled": "false"}, spark_conn_id=args.spark_conn_id, **output,
+            spark_conf={"spark.ui.enabled": "false"}, spark_conn_id=args.spark_conn_id,
+            consumer_type=args.consumer_type, **output,
         ).execute({})  # fmt: skip
     except Exception as err:  # noqa: BLE001 - reported to the harness
         traceback.print_exc()
