@@ -34,7 +34,6 @@ from airflow_kinesis_spark.core.reader import (
     GET_RECORDS_MAX_LIMIT,
     MIN_CALL_INTERVAL_S,
     ShardReader,
-    probe_range,
     probe_ranges,
 )
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage, describe_stream_summary, list_shards
@@ -249,7 +248,8 @@ def find_trim_gaps(
     pending for longer than the retention period). Costs nothing while every range's checkpoint
     is known good within 24 hours (:data:`MIN_RETENTION`, the shortest retention period);
     otherwise one DescribeStreamSummary and one TRIM_HORIZON probe (``Limit`` 1) per doubtful
-    shard, decided by :func:`trim_gap`.
+    shard, decided by :func:`trim_gap`. The probes run in parallel (``reader.probe_ranges``: at
+    most as many threads as the client pools connections).
 
     :param client: boto3 Kinesis client.
     :returns: shard id -> what was found (checkpoint, oldest record kept, retention, trim horizon),
@@ -265,12 +265,12 @@ def find_trim_gaps(
         return {}
     retention = float(describe_stream_summary(client, stream_name)["RetentionPeriodHours"])
     horizon = now - timedelta(hours=retention)
+    from_horizon = [
+        ShardRange(rng.shard_id, StartPosition("TRIM_HORIZON"), Checkpoint(Sentinel.TRIM_HORIZON), now, rng.ending_sequence_number)
+        for rng in doubtful
+    ]
     gaps = {}
-    for rng in doubtful:
-        from_horizon = ShardRange(
-            rng.shard_id, StartPosition("TRIM_HORIZON"), Checkpoint(Sentinel.TRIM_HORIZON), now, rng.ending_sequence_number
-        )
-        oldest = probe_range(client, stream_name, from_horizon, min_call_interval=min_call_interval)
+    for rng, oldest in zip(doubtful, probe_ranges(client, stream_name, from_horizon, min_call_interval=min_call_interval), strict=True):
         oldest_seq = oldest.first.sequence_number if oldest.first else None
         if trim_gap(rng.start_checkpoint, oldest_seq, oldest.first_arrival, horizon):
             gaps[rng.shard_id] = (

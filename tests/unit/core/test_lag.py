@@ -218,6 +218,23 @@ def test_measure_lag_probes_in_parallel_within_the_clients_connection_pool():
     assert 2 <= client.most_active <= 3  # parallel, never more threads than pooled connections
 
 
+def test_trim_gap_probes_run_in_parallel_within_the_clients_connection_pool():
+    """Checkpoints not known good within the shortest retention (e.g. a daily batch) are each
+    checked with a probe from TRIM_HORIZON: in parallel, as the batch's own probes, not one
+    shard after the other."""
+    from airflow_kinesis_spark.core.lag import find_trim_gaps
+    from airflow_kinesis_spark.core.ranges import ShardRange, StartPosition
+
+    client = ProbedKinesis(shards=12, waiting={1, 7}, pool=3)
+    client.describe_stream_summary = lambda **kwargs: {"StreamDescriptionSummary": {"RetentionPeriodHours": 24}}
+    old = Checkpoint(position=ExtendedSequenceNumber("400"))  # never known empty after it: doubtful
+    ranges = [ShardRange(s.shard_id, StartPosition("AFTER_SEQUENCE_NUMBER", "400"), old, NOW) for s in client.shards]
+    gaps = find_trim_gaps(client, "s", ranges, NOW, min_call_interval=0)
+    assert sorted(gaps) == ["shardId-000000000001", "shardId-000000000007"]  # their oldest record (500) is past 400
+    assert client.get_records_calls == 12
+    assert 2 <= client.most_active <= 3  # parallel, never more threads than pooled connections
+
+
 def test_measure_lag_uses_given_checkpoints_and_reports_its_plan_before_probing():
     from airflow_kinesis_spark.core.lag import measure_lag
 
