@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 import aws_kinesis_agg
 import aws_kinesis_agg.deaggregator  # noqa: F401
 import google.protobuf.message
+import urllib3.exceptions
+from botocore.exceptions import HTTPClientError
 from aws_kinesis_agg import messages_pb2
 
 from airflow_kinesis_spark.core.names import stream_params
@@ -52,6 +54,7 @@ __all__ = [
     "ReadOptions",
     "probe_range",
     "probe_ranges",
+    "log_probes",
     "GET_RECORDS_MAX_LIMIT",
     "GET_RECORDS_MAX_BYTES",
     "READ_BYTES_PER_SECOND",
@@ -336,11 +339,15 @@ class _Progress:
 #: SubscribeToShard errors retried with backoff: another subscription of the consumer to the shard
 #: is still open (a renewed one within seconds of the last), or the consumer's subscription rate
 #: (Kinesis API reference, SubscribeToShard).
-SUBSCRIBE_RETRY_ERRORS = ("ResourceInUseException", "LimitExceededException")
+SUBSCRIBE_RETRY_ERRORS = ("ResourceInUseException", *sorted(THROTTLING_ERRORS))
 #: Exception events that end a subscription and are renewed with backoff: another subscription
-#: of the consumer to the shard took it over, or the service failed (Kinesis API reference,
-#: SubscribeToShardEventStream).
-SUBSCRIPTION_RENEW_ERRORS = ("ResourceInUseException", "InternalFailureException")
+#: of the consumer to the shard took it over, the service failed, or KMS throttled decryption
+#: (Kinesis API reference, SubscribeToShardEventStream).
+SUBSCRIPTION_RENEW_ERRORS = ("ResourceInUseException", "InternalFailureException", "KMSThrottlingException")
+#: A subscription's connection that broke while its events streamed in (botocore reads the event
+#: stream from urllib3 as it arrives and does not wrap these): renewed with backoff, as the
+#: service's own subscriptions end after 5 minutes.
+SUBSCRIPTION_CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, HTTPClientError)
 
 
 class ShardReader:
@@ -598,7 +605,7 @@ class ShardReader:
         report = self.finish()
         p = self._p
         # DEBUG: the task log's line per shard range is the protocol's, from the reports
-        # (core.protocol.log_outcome); probes are summed up by probe_ranges.
+        # (core.protocol.log_outcome); a batch's probes are summed up by log_probes.
         if self.probe:
             log.debug("shard %s: probe from %s found %s", self.range.shard_id, self.range.start,
                       f"a record ({report.first})" if report.first else f"nothing to read ({report.stop_reason})")  # fmt: skip
@@ -613,8 +620,9 @@ class ShardReader:
     def _subscribed_pages(self) -> Iterator[Page]:
         """The enhanced fan-out driver: subscribe, apply each event, renew ended subscriptions.
 
-        A refused call (``SUBSCRIBE_RETRY_ERRORS``) and a subscription that fails with an
-        exception event (``SUBSCRIPTION_RENEW_ERRORS``) are retried with backoff from just after
+        A refused call (``SUBSCRIBE_RETRY_ERRORS``), a subscription that fails with an exception
+        event (``SUBSCRIPTION_RENEW_ERRORS``) and one whose connection breaks
+        (``SUBSCRIPTION_CONNECTION_ERRORS``) are retried with backoff from just after
         the last Kinesis record read; ``max_throttle_retries`` of them in a row without an event
         between them raise the last error."""
         attempt = 0
@@ -639,17 +647,26 @@ class ShardReader:
             except self.client.exceptions.ClientError as err:  # an exception event (botocore's EventStreamError)
                 attempt = self._subscription_failed(err, SUBSCRIPTION_RENEW_ERRORS, attempt, "ended the subscription")
                 continue
+            except SUBSCRIPTION_CONNECTION_ERRORS as err:
+                attempt = self._subscription_failed(err, (), attempt, "ended the subscription", code=type(err).__name__)
+                continue
             finally:
                 events.close()
             if not self.done:
                 self._p.expired += 1  # the subscription ended (after 5 minutes) before a stop rule held
                 log.info("shard %s: subscription ended; renewing after %s", self.range.shard_id, self._p.last_kinesis_sequence)
 
-    def _subscription_failed(self, err: Exception, retried: tuple[str, ...], attempt: int, what: str) -> int:
+    def _subscription_failed(
+        self, err: Exception, retried: tuple[str, ...], attempt: int, what: str, *, code: str | None = None
+    ) -> int:
         """Back off before renewing a subscription that was refused or failed; returns the next
-        attempt number. Re-raises ``err`` when its code is not in ``retried`` or retries are spent."""
-        code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
-        if code not in retried or attempt >= self.max_throttle_retries:
+        attempt number. Re-raises ``err`` when retries are spent, or when it is an error response
+        whose code is not in ``retried`` (``code`` given: a broken connection, always retried)."""
+        if code is None:
+            code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
+            if code not in retried:
+                raise err
+        if attempt >= self.max_throttle_retries:
             raise err
         self._p.throttled += 1
         delay = random.uniform(0, min(self.backoff_cap, max(1.0, self.backoff_base * 2**attempt)))
@@ -867,9 +884,7 @@ def probe_ranges(client: Any, stream_name: str, ranges: Sequence[ShardRange], **
     config = getattr(getattr(client, "meta", None), "config", None)
     pool_size = getattr(config, "max_pool_connections", None) or DEFAULT_POOL_CONNECTIONS
     with ThreadPoolExecutor(max_workers=max(1, min(pool_size, len(ranges)))) as pool:
-        reports = list(pool.map(lambda rng: probe_range(client, stream_name, rng, **reader_kwargs), ranges))
-    log_probes(reports)
-    return reports
+        return list(pool.map(lambda rng: probe_range(client, stream_name, rng, **reader_kwargs), ranges))
 
 
 #: Shard ids a log line lists before it says how many more there are.
@@ -884,9 +899,10 @@ def _shard_list(shard_ids: Sequence[str]) -> str:
 
 
 def log_probes(reports: Sequence[ShardReport]) -> None:
-    """One line for a set of probes (:func:`probe_ranges`): which ranges have a record to read
-    and which have none, with the rule that ended each empty probe (``cutoff``, ``caught_up``,
-    ``shard_end``). A probe reads at most one Kinesis record; it is not the batch's read."""
+    """One INFO line for a batch's or a window's probes (:func:`probe_ranges`; logged by
+    ``core.protocol``): which ranges have a record to read and which have none, with the rule that
+    ended each empty probe (``cutoff``, ``caught_up``, ``shard_end``). A probe reads at most one
+    Kinesis record; it is not the batch's read."""
     found = [r.shard_id for r in reports if r.records or r.quarantined]
     empty: dict[str, list[str]] = {}
     for r in reports:
