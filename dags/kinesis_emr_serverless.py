@@ -75,7 +75,7 @@ def spark_submit_parameters() -> str:
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    # retry_delay above the batch's lease_seconds (120 s): a retried job finds a dead driver's lease expired.
+    # retry_delay above the batch's lease_seconds (60 s): a retried job finds a dead driver's lease expired.
     default_args={"retries": 2, "retry_delay": timedelta(minutes=3)},
     tags=["kinesis", "spark", "emr-serverless", "example"],
 )

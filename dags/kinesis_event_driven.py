@@ -75,7 +75,7 @@ backlog = Asset(
     catchup=False,
     # One run at a time: events during a run queue a single next run.
     max_active_runs=1,
-    # retry_delay above the operator's lease_seconds (120 s): a retry takes the pending batch over at once.
+    # retry_delay above the operator's lease_seconds (60 s): a retry takes the pending batch over at once.
     default_args={"retries": 2, "retry_delay": timedelta(minutes=3)},
     tags=["kinesis", "spark", "example"],
 )

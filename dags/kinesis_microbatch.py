@@ -35,7 +35,7 @@ from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOpera
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    # retry_delay above the operator's lease_seconds (120 s): a retry can then take the failed
+    # retry_delay above the operator's lease_seconds (60 s): a retry can then take the failed
     # attempt's pending batch over at once.
     default_args={"retries": 2, "retry_delay": timedelta(minutes=3)},
     tags=["kinesis", "spark", "example"],
