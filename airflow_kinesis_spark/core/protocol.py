@@ -35,7 +35,7 @@ from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, restart_from_trim_horizon, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, to_utc
 from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
-from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, probe_ranges
+from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, log_probes, probe_ranges
 from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shards
 from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.window import (
@@ -381,6 +381,7 @@ def prepare_incremental(
         log.info("No shard to read: every shard is at SHARD_END or waiting for its parents (%s)", dict(plan.waiting))
         return PreparedBatch(summary=incremental_summary(plan, [], plan.checkpoints, "no_new_records", reused=False, sink=settings.sink))
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
+    log_probes(probes)
     if not any(r.records or r.quarantined for r in probes):
         return PreparedBatch(summary=_commit_without_records(store, plan, probes, owner, sink=settings.sink))
     store.begin(plan, owner)
@@ -957,6 +958,7 @@ def run_window(
     log.info("Window [%s, %s): %d shards x %d time slices, output %s",
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
+    log_probes(probes)
     found = any(r.records or r.quarantined for r in probes)
     if found and store is not None and hands_off(job):
         reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes))  # type: ignore[arg-type]
