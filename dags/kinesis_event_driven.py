@@ -11,6 +11,11 @@ run already committed. An event that arrives while a run is ingesting queues one
 (``max_active_runs=1``), which finds little or nothing: a run without new records starts no
 Spark job. A triggerer needs to run (``airflow triggerer``).
 
+Low latency (a record's output committed seconds after it arrives): leave both thresholds empty
+(any waiting record is due), poll every 5 seconds, and make ``spark_default`` a ``spark_connect``
+connection (a warm server; the consumer's session is reused from batch to batch). See
+docs/triggers.md, "Low latency", and ``benchmarks/freshness.py``, which runs this DAG so.
+
 Settings come from environment variables (as in kinesis_microbatch.py); this DAG has its own
 consumer and output defaults, so it does not share checkpoints or batch directories with
 kinesis_microbatch; its consumer and output path have their own variables, so one environment
