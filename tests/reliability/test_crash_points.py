@@ -114,7 +114,7 @@ def test_kill_at(point, consumer_type, setup):
         assert consumer.rows() == []
 
     time.sleep(LEASE + 0.2)  # the killed run's lease expires
-    summary = consumer.run()
+    summary = consumer.run(*extra)  # the task's retry: the same arguments (a pending plan records the transform)
     if point == "commit_ambiguous":
         assert summary["status"] == "no_new_records"
     else:
