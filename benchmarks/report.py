@@ -14,28 +14,58 @@ def _row(*cells: object) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def targets(h: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """The issue's targets, each with the measured value and whether it is met."""
-    return [
-        ("throttled read rate >= 0.85 x the limit", f"{h['throttled_fraction_of_limit']:.3f}", h["throttled_fraction_of_limit"] >= 0.85),
-        ("throttled calls <= 2 % of GetRecords", f"{100 * h['ptee_fraction']:.2f} %", h["ptee_fraction"] <= 0.02),
-        ("no expired iterators", str(h["expired_iterators"]), h["expired_iterators"] == 0),
-        ("throttled, vs the naive consumer >= 3x", f"{h['throttled_vs_naive']}x", h["throttled_vs_naive"] >= 3),
-        ("unthrottled, end to end >= the naive consumer's read-only rate", f"{h['unthrottled_vs_naive']}x",
-         h["unthrottled_vs_naive"] >= 1),
-        ("warm batch <= 1.5 s more than the no-data run", f"{h['warm_overhead_s']:.2f} s", h["warm_overhead_s"] <= 1.5),
-        ("warm Iceberg batch <= 0.5 s more than a warm Parquet batch", f"{h['iceberg_overhead_s']:.2f} s",
-         h["iceberg_overhead_s"] <= 0.5),
-        ("warm Delta batch <= 0.5 s more than a warm Parquet batch", f"{h['delta_overhead_s']:.2f} s", h["delta_overhead_s"] <= 0.5),
-        ("peak memory at 4x the backlog within 20 %", f"{h['peak_memory_ratio']:.3f}", abs(h["peak_memory_ratio"] - 1) <= 0.2),
-    ]  # fmt: skip
+#: Shared stream, polling: each of the consumers gets at most about a third of each shard's 2 MiB/s
+#: (they share it); "about": 0.35.
+SHARED_POLLING_MAX = 0.35
+#: Shared stream, enhanced fan-out: each consumer gets at least this fraction of 2 MiB/s per shard.
+SHARED_EFO_MIN = 0.85
 
 
-def write_report(path: Path, results: dict[str, Any], command: str) -> None:
-    t, u, f, m, h = (results[k] for k in ("throttled", "unthrottled", "fixed_cost", "memory", "headline"))
-    ours, naive = t["ours"], t["naive"]
+def targets(h: dict[str, Any], results: dict[str, Any] | None = None) -> list[tuple[str, str, bool]]:
+    """The issues' targets of the sections that ran, each with the measured value and whether it is met."""
+    out: list[tuple[str, str, bool]] = []
+    if "throttled_fraction_of_limit" in h:
+        out += [
+            ("throttled read rate >= 0.85 x the limit", f"{h['throttled_fraction_of_limit']:.3f}", h["throttled_fraction_of_limit"] >= 0.85),
+            ("throttled calls <= 2 % of GetRecords", f"{100 * h['ptee_fraction']:.2f} %", h["ptee_fraction"] <= 0.02),
+            ("no expired iterators", str(h["expired_iterators"]), h["expired_iterators"] == 0),
+            ("throttled, vs the naive consumer >= 3x", f"{h['throttled_vs_naive']}x", h["throttled_vs_naive"] >= 3),
+        ]  # fmt: skip
+    if "unthrottled_vs_naive" in h:
+        out.append(("unthrottled, end to end >= the naive consumer's read-only rate", f"{h['unthrottled_vs_naive']}x",
+                    h["unthrottled_vs_naive"] >= 1))  # fmt: skip
+    if "warm_overhead_s" in h:
+        out += [
+            ("warm batch <= 1.5 s more than the no-data run", f"{h['warm_overhead_s']:.2f} s", h["warm_overhead_s"] <= 1.5),
+            ("warm Iceberg batch <= 0.5 s more than a warm Parquet batch", f"{h['iceberg_overhead_s']:.2f} s",
+             h["iceberg_overhead_s"] <= 0.5),
+            ("warm Delta batch <= 0.5 s more than a warm Parquet batch", f"{h['delta_overhead_s']:.2f} s", h["delta_overhead_s"] <= 0.5),
+        ]  # fmt: skip
+    if results is not None and "scale" in results:
+        from benchmarks.scale import scale_targets
+
+        out += scale_targets(results["scale"])
+    if "shared_polling_fraction" in h:
+        polling, efo = h["shared_polling_fraction"], h["shared_efo_fraction"]
+        out += [
+            (f"shared stream, polling: each consumer <= about a third of 2 MiB/s per shard (<= {SHARED_POLLING_MAX})",
+             ", ".join(f"{x:.3f}" for x in polling), max(polling) <= SHARED_POLLING_MAX),
+            (f"shared stream, enhanced fan-out: each consumer >= {SHARED_EFO_MIN} of 2 MiB/s per shard",
+             ", ".join(f"{x:.3f}" for x in efo), min(efo) >= SHARED_EFO_MIN),
+        ]  # fmt: skip
+    if results is not None and results.get("freshness") is not None:
+        from benchmarks.freshness import freshness_targets
+
+        out += freshness_targets(results["freshness"])
+    if "peak_memory_ratio" in h:
+        out.append(("peak memory at 4x the backlog within 20 % (maximum over the repeats)", f"{h['peak_memory_ratio']:.3f}",
+                    abs(h["peak_memory_ratio"] - 1) <= 0.2))  # fmt: skip
+    return out
+
+
+def _intro(results: dict[str, Any], command: str) -> list[str]:
     v = results["versions"]
-    lines = [
+    return [
         "# Benchmarks",
         "",
         "Produced by `make bench` (`python -m benchmarks.run`); this file is rewritten by every run.",
@@ -59,14 +89,18 @@ def write_report(path: Path, results: dict[str, Any], command: str) -> None:
         "(after boto3's own retries).",
         "- Our operator runs in the benchmark's process (`execute`, as an Airflow worker runs it); "
         "Spark is `local[*]` with spark-submit (cold) or a Spark Connect server with `local[2]` (warm).",
+        "- Sections run (seconds each): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in results.get("section_seconds", {}).items())
+        + ". One section alone: `python -m benchmarks.run --only scale` (see `benchmarks/README.md`).",
         "",
-        "## Headline",
-        "",
-        "```json",
-        json.dumps(h),
-        "```",
-        "",
-        "## 1. Throttled: against the per-shard read limit",
+    ]
+
+
+def _throttled(n: int, results: dict[str, Any]) -> list[str]:
+    t, h = results["throttled"], results["headline"]
+    ours, naive = t["ours"], t["naive"]
+    return [
+        f"## {n}. Throttled: against the per-shard read limit",
         "",
         f"Backlog: {t['backlog_mib']:.1f} MiB ({t['user_records']:,} user records in {t['kinesis_records']:,} Kinesis "
         f"records) on {results['shards']} shards. The service's ceiling is {results['shards']} x 2 MiB/s = "
@@ -90,7 +124,13 @@ def write_report(path: Path, results: dict[str, Any], command: str) -> None:
         "own. "
         f"Ratio to the naive consumer: **{h['throttled_vs_naive']}x**.",
         "",
-        "## 2. Unthrottled: end to end against a read-only loop",
+    ]
+
+
+def _unthrottled(n: int, results: dict[str, Any]) -> list[str]:
+    u, h = results["unthrottled"], results["headline"]
+    return [
+        f"## {n}. Unthrottled: end to end against a read-only loop",
         "",
         f"Backlog: {u['backlog_mib']:.1f} MiB ({u['user_records']:,} user records) on a fresh stream per run. Our "
         "figure is the operator's whole run (plan, probes, read, Parquet write, commit); the naive consumer only "
@@ -111,7 +151,13 @@ def write_report(path: Path, results: dict[str, Any], command: str) -> None:
         f"on a fresh stream): {u['ours_cold']['records_per_second']:,.0f} records/s in {u['ours_cold']['wall_s']:.1f} s, "
         f"{h['unthrottled_cold_vs_naive']}x the naive consumer's median rate.",
         "",
-        "## 3. Fixed cost per micro-batch",
+    ]
+
+
+def _fixed_cost(n: int, results: dict[str, Any]) -> list[str]:
+    f = results["fixed_cost"]
+    return [
+        f"## {n}. Fixed cost per micro-batch",
         "",
         "Median of the runs below; a small batch is a few hundred records. Overheads are beyond the no-data run.",
         "",
@@ -134,44 +180,130 @@ def write_report(path: Path, results: dict[str, Any], command: str) -> None:
                f"{f[fmt + '_overhead_s']:.2f}", f"{statistics.median(f['table_commit_s'][fmt]):.3f}")
           for fmt in ("iceberg", "delta")],  # fmt: skip
         "",
-        "## 4. Memory",
+    ]
+
+
+def _scale(n: int, results: dict[str, Any]) -> list[str]:
+    from benchmarks.scale import scale_markdown
+
+    return [f"## {n}. Scale in shards", "", *scale_markdown(results["scale"]), ""]
+
+
+def _shared(n: int, results: dict[str, Any]) -> list[str]:
+    s = results["shared"]
+    rows = []
+    for kind, label in (("polling", "polling (GetRecords)"), ("efo", "enhanced fan-out (SubscribeToShard)")):
+        for r in s[kind]["runs"]:
+            rows.append(_row(label, r["consumer"], f"{r['kinesis_bytes'] / MIB:.1f}", f"{r['read_offset_s']:.1f}", f"{r['read_s']:.1f}",
+                             f"{r['bytes_per_second'] / MIB:.2f}", f"{r['fraction_per_shard']:.3f}", r["responses"],
+                             r["throttled_calls"]))  # fmt: skip
+    return [
+        f"## {n}. Shared stream: {s['consumers']} consumers at once",
+        "",
+        f"{s['consumers']} consumers, each with its own checkpoints, read one backlog on {s['shards']} shards at the "
+        f"same time (polling: {s['polling']['backlog_mib']:.1f} MiB, {s['polling']['user_records']:,} user records; "
+        f"enhanced fan-out: {s['efo']['backlog_mib']:.1f} MiB, {s['efo']['user_records']:,} user records, on a stream "
+        "of its own): each consumer's batch runs in its own process (as Airflow runs tasks) over one Spark Connect "
+        f"server with {s['consumers']} task slots (`read_tasks=1`: one task reads every shard of a consumer's batch). "
+        "Both go through the limits proxy: polling consumers share each shard's 2 MiB/s and 5 calls/s; "
+        "SubscribeToShard (each consumer registered as a stream consumer) pushes at most 2 MiB/s per consumer and "
+        "shard. A consumer's read rate is the Kinesis bytes its job "
+        "read divided by the time from its first read's start to its last read's end (from the report it recorded "
+        "in the checkpoint store); the fraction is of 2 MiB/s per shard. The proxy's counts for each stream (calls, "
+        "throttled calls before botocore's retries, subscriptions, events) are in the raw results (`proxy_counts`).",
+        "",
+        _row("consumer type", "consumer", "read (MiB)", "began reading after the first (s)", "read time (s)",
+             "read rate (MiB/s)", "fraction of 2 MiB/s per shard", "responses", "throttled calls (after botocore's retries)"),  # fmt: skip
+        _row(*["---"] * 9),
+        *rows,
+        "",
+    ]
+
+
+def _freshness(n: int, results: dict[str, Any]) -> list[str]:
+    from benchmarks.freshness import freshness_section
+
+    return freshness_section(results["freshness"], heading=f"## {n}. Freshness: the event-driven DAG")
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _memory(n: int, results: dict[str, Any]) -> list[str]:
+    m, h = results["memory"], results["headline"]
+    capped, uncapped = m["capped"], m["uncapped"]
+    java_options = m["spark_conf"].get("spark.driver.extraJavaOptions", "")
+    return [
+        f"## {n}. Memory",
         "",
         "Peak memory (proportional set size: pages shared by pyspark's forked workers count once) of a "
-        "spark-submit job, sampled every 50 ms: the JVM (driver and executor in "
-        "local mode, `spark.driver.memory=1g`) and the Python processes under it; the largest peak of the jobs it took to "
-        f"ingest the backlog with `max_bytes_per_shard` = {m[0]['cap_mib_per_shard']:.0f} MiB. Reads are streamed "
-        "(`mapInArrow`, at most two GetRecords pages per shard waiting), and only the per-shard reports reach the "
-        "driver. A batch's memory follows the per-shard cap, so a larger backlog takes more batches, not more "
-        "memory. The same backlogs read in one uncapped batch each are in the second table.",
+        "spark-submit job, sampled every 50 ms: the JVM (driver and executor in local mode) and the Python "
+        f"processes under it. The job's heap is fixed: `spark.driver.memory={m['heap']}` and "
+        f"`spark.driver.extraJavaOptions={java_options}` (initial heap = maximum heap, touched in full when the "
+        "JVM starts; the benchmark adds a GC log). With the JVM's defaults the heap starts at 1/64 of the "
+        "machine's memory and grows when and as far as the garbage collector decides, so a job's peak followed the "
+        "collector's timing (one run's capped ratio was 1.219, another's 1.006). With a fixed heap the JVM's figure "
+        "is the heap plus what the JVM uses beyond it (metaspace, threads, direct buffers), and what the job keeps "
+        "alive in the heap is the heap in use after each garbage collection (from the GC log), shown apart. "
+        f"Each backlog is ingested {m['repeat']} times, each time on a fresh stream with `max_bytes_per_shard` = "
+        f"{capped[0]['cap_mib_per_shard']:.0f} MiB, and a row gives the largest figures over every job of every "
+        "repeat. Reads are streamed (`mapInArrow`, at most two GetRecords pages per shard waiting), and only the "
+        "per-shard reports reach the driver. A batch's memory follows the per-shard cap, so a larger backlog "
+        "takes more batches, not more memory. The same backlogs read in one uncapped batch each are in the "
+        "second table.",
         "",
-        _row("backlog (MiB)", "records", "batches", "peak total (MiB)", "JVM (MiB)", "Python, driver + workers (MiB)", "wall time (s)"),
-        _row(*["---"] * 7),
+        _row("backlog (MiB)", "records", "batches", "peak total, max (MiB)", "peak total per repeat (MiB)", "JVM, max (MiB)",
+             "heap in use after GC, max (MiB)", "Python, driver + workers, max (MiB)", "wall time, median (s)"),  # fmt: skip
+        _row(*["---"] * 9),
         *[
             _row(f"{r['backlog_mib']:.1f}", f"{r['records']:,}", r["batches"], f"{r['peak_total_mib']:.0f}",
-                 f"{r['peak_jvm_mib']:.0f}", f"{r['peak_python_mib']:.0f}", f"{r['wall_s']:.1f}")  # fmt: skip
-            for r in m
+                 ", ".join(str(x) for x in r["peak_total_mib_runs"]), f"{r['peak_jvm_mib']:.0f}",
+                 _mib(r.get("heap_after_gc_mib")), f"{r['peak_python_mib']:.0f}", f"{r['wall_s']:.1f}")  # fmt: skip
+            for r in capped
         ],
         "",
-        f"Ratio of the peaks: **{h['peak_memory_ratio']}** for a {m[1]['backlog_mib'] / m[0]['backlog_mib']:.1f}x "
+        f"Ratio of the peaks: **{h['peak_memory_ratio']}** for a {capped[1]['backlog_mib'] / capped[0]['backlog_mib']:.1f}x "
         "larger backlog.",
         "",
-        "One uncapped batch per backlog (no `max_bytes_per_shard`):",
+        "One uncapped batch per backlog (no `max_bytes_per_shard`; one run each):",
         "",
-        _row("backlog (MiB)", "records", "peak total (MiB)", "JVM (MiB)", "Python, driver + workers (MiB)", "wall time (s)"),
-        _row(*["---"] * 6),
+        _row("backlog (MiB)", "records", "peak total (MiB)", "JVM (MiB)", "heap in use after GC, max (MiB)",
+             "Python, driver + workers (MiB)", "wall time (s)"),  # fmt: skip
+        _row(*["---"] * 7),
         *[
             _row(f"{r['backlog_mib']:.1f}", f"{r['records']:,}", f"{r['peak_total_mib']:.0f}", f"{r['peak_jvm_mib']:.0f}",
-                 f"{r['peak_python_mib']:.0f}", f"{r['wall_s']:.1f}")  # fmt: skip
-            for r in results["memory_uncapped"]
+                 _mib(r.get("heap_after_gc_mib")), f"{r['peak_python_mib']:.0f}", f"{r['wall_s']:.1f}")  # fmt: skip
+            for r in uncapped
         ],
         "",
         f"Ratio of the peaks without a cap: **{h['peak_memory_ratio_uncapped']}**.",
         "",
+    ]
+
+
+#: The report's sections in order: (results key, writer).
+SECTION_WRITERS = (
+    ("throttled", _throttled), ("unthrottled", _unthrottled), ("fixed_cost", _fixed_cost), ("scale", _scale),
+    ("shared", _shared), ("freshness", _freshness), ("memory", _memory),
+)  # fmt: skip
+
+
+def write_report(path: Path, results: dict[str, Any], command: str) -> None:
+    """Write the report of one run: the sections that ran, the targets, the raw results (JSON)."""
+    h = results["headline"]
+    lines = [*_intro(results, command), "## Headline", "", "```json", json.dumps(h), "```", ""]
+    n = 0
+    for key, writer in SECTION_WRITERS:
+        if results.get(key) is not None:
+            n += 1
+            lines += writer(n, results)
+    lines += [
         "## Against the targets",
         "",
         _row("target", "measured", "met"),
         _row(*["---"] * 3),
-        *[_row(name, value, "yes" if ok else "**no**") for name, value, ok in targets(h)],
+        *[_row(name, value, "yes" if ok else "**no**") for name, value, ok in targets(h, results)],
         "",
         "## Raw results",
         "",

@@ -1,7 +1,7 @@
 """``make bench``: our operator against the Kinesis read limits and a naive consumer.
 
-    python -m benchmarks.run [--shards 4] [--throttled-mib 160] [--unthrottled-mib 160]
-                             [--memory-mib 40] [--output docs/benchmarks.md]
+    python -m benchmarks.run [--only SECTION[,SECTION...]] [--shards 4] [--throttled-mib 160]
+                             [--unthrottled-mib 160] [--memory-mib 64] [--output docs/benchmarks.md]
 
 Everything runs on 127.0.0.1: moto in server mode holds the stream and the checkpoint table;
 Kinesis traffic goes through :class:`benchmarks.kinesis_limits.ThrottlingProxy`, which enforces
@@ -9,7 +9,8 @@ the service's per-shard read limits (throttled) or only its response caps (unthr
 operator runs in this process, as an Airflow worker runs it (``execute``), with spark-submit
 (cold: a JVM per batch) or over Spark Connect (warm: a running server).
 
-Scenarios (each on its own stream, so each consumer starts at TRIM_HORIZON):
+Sections (each on its own streams, so each consumer starts at TRIM_HORIZON; ``--only`` runs a
+subset, and then writes the report only when ``--output`` is given):
 
 1. **throttled**: S shards, a backlog of B MiB; our operator (default settings: paced to the
    per-shard limits), then the naive consumer on the same backlog. Read rate = bytes served by
@@ -17,14 +18,20 @@ Scenarios (each on its own stream, so each consumer starts at TRIM_HORIZON):
 2. **unthrottled**: the same for a second backlog with no rate limits; our figure is
    end-to-end (plan, read, Parquet write, commit: the ``execute`` wall time), the naive
    consumer's is read-only.
-3. **fixed cost per micro-batch**: a run with no new records (no Spark), a small batch cold
+3. **fixed_cost** per micro-batch: a run with no new records (no Spark), a small batch cold
    (spark-submit) and warm (Spark Connect); overheads are beyond the no-data run. The same new
    records also go, warm, to an Iceberg table (SQL catalog on SQLite) and a Delta table (own
    consumers): the table commit's cost is their batch's wall time beyond the Parquet batch's.
-4. **memory**: peak resident memory of the Spark jobs (driver JVM and Python workers, sampled
-   every 50 ms) while ingesting two backlogs 4x apart, with a per-shard cap
+4. **scale** in shards (``benchmarks/scale.py``): the no-data run and a warm small batch at 4,
+   64 and 256 shards.
+5. **shared** stream: three consumers with their own checkpoints read one backlog at once,
+   polling (they share each shard's 2 MiB/s) and with enhanced fan-out (2 MiB/s per shard each).
+6. **freshness** (``benchmarks/freshness.py``, when present).
+7. **memory**: peak memory (PSS) of the Spark jobs (driver JVM with a fixed heap, and its Python
+   workers, sampled every 50 ms) while ingesting two backlogs 4x apart, with a per-shard cap
    (``max_bytes_per_shard``): each batch reads at most the cap per shard, a larger backlog takes
-   more batches, not more memory.
+   more batches, not more memory. Each backlog is ingested ``--memory-repeat`` times; the
+   figures are the maxima.
 
 The last line printed is one JSON object with the headline figures.
 """
@@ -35,6 +42,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -43,6 +51,7 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -56,35 +65,76 @@ from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, moto_server, spark_
 
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "1g"}
 
+#: Sections in the order they run (``--only`` picks some).
+SECTIONS = ("throttled", "unthrottled", "fixed_cost", "scale", "shared", "freshness", "memory")
+
+
+def fixed_heap_conf(heap: str, gc_log: Path | None = None) -> dict[str, str]:
+    """spark-submit conf that fixes the job's JVM heap at ``heap`` (e.g. ``"1g"``).
+
+    Maximum (``spark.driver.memory``, i.e. ``-Xmx``) and initial size (``-Xms``) are equal, and
+    the heap is touched in full when the JVM starts (``-XX:+AlwaysPreTouch``): the JVM's
+    footprint no longer depends on how far, and when, the garbage collector grew the heap, and
+    what it adds beyond the heap (metaspace, threads, direct buffers) is what can still vary.
+    In local mode the driver JVM is the executor too.
+
+    :param gc_log: a directory for the JVMs' garbage-collection logs (``-Xlog:gc``, one file per
+        process): :func:`heap_after_gc` reads the heap in use after each collection from them.
+    """
+    options = f"-Xms{heap} -XX:+AlwaysPreTouch"
+    if gc_log is not None:
+        options += f" -Xlog:gc:file={gc_log}/gc-%p.log"
+    return {**SPARK_CONF, "spark.driver.memory": heap, "spark.driver.extraJavaOptions": options}
+
+
+#: A unified-logging GC line's heap figures: ``... Pause Young (Normal) (G1 Evacuation Pause) 312M->45M(1024M) 12.3ms``.
+_GC_LINE = re.compile(r"(\d+)M->(\d+)M\((\d+)M\)")
+
+
+def heap_after_gc(gc_log: Path) -> float | None:
+    """The largest heap occupancy after a garbage collection (MiB) in the GC logs of ``gc_log``:
+    the data the job kept alive, whatever the collector's timing; ``None`` without a collection."""
+    after = [int(m.group(2)) for f in gc_log.glob("gc-*.log") for m in _GC_LINE.finditer(f.read_text(errors="replace"))]
+    return float(max(after)) if after else None
+
 
 def client(service: str, endpoint: str) -> Any:
     return boto3.client(service, endpoint_url=endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
                         aws_secret_access_key=SECRET_KEY)  # fmt: skip
 
 
-def use_connections(moto: str, kinesis_endpoint: str, spark_connect: tuple[str, int] | None) -> None:
-    """Point ``aws_default`` at moto (Kinesis through ``kinesis_endpoint``) and define ``spark_connect_bench``."""
+def use_connections(moto: str, kinesis_endpoint: str, spark_connect: tuple[str, int] | None,
+                    connect_conn_id: str = "spark_connect_bench") -> None:  # fmt: skip
+    """Point ``aws_default`` at moto (Kinesis through ``kinesis_endpoint``) and define ``connect_conn_id``."""
     os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps({
         "conn_type": "aws", "login": ACCESS_KEY, "password": SECRET_KEY,
         "extra": {"region_name": REGION, "endpoint_url": moto,
                   "service_config": {"kinesis": {"endpoint_url": kinesis_endpoint}}},
     })  # fmt: skip
     if spark_connect:
-        os.environ["AIRFLOW_CONN_SPARK_CONNECT_BENCH"] = json.dumps(
+        os.environ[f"AIRFLOW_CONN_{connect_conn_id.upper()}"] = json.dumps(
             {"conn_type": "spark_connect", "host": spark_connect[0], "port": spark_connect[1]}
         )
 
 
-def ingest(stream: str, output: Path, *, connect: bool = False, paced: bool = True,
-           max_bytes_per_shard: int | None = None, consumer: str = "bench", **output_settings: Any) -> tuple[dict[str, Any], float]:
-    """One run of the operator; returns its summary and wall time (seconds)."""
+def ingest(stream: str, output: Path, *, connect: bool | str = False, paced: bool = True,
+           max_bytes_per_shard: int | None = None, consumer: str = "bench", spark_conf: dict[str, str] | None = None,
+           **settings: Any) -> tuple[dict[str, Any], float]:  # fmt: skip
+    """One run of the operator; returns its summary and wall time (seconds).
+
+    :param connect: ``True``: over the ``spark_connect_bench`` connection; a string: over that
+        Spark Connect connection; ``False``: spark-submit.
+    :param spark_conf: the spark-submit conf (default :data:`SPARK_CONF`).
+    :param settings: more operator arguments (output format, ``consumer_type``, ...).
+    """
     from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 
     operator = KinesisToSparkOperator(
         task_id="bench", stream_name=stream, consumer_name=consumer, checkpoint_table=f"{stream}-ckpt",
-        output_path=str(output), spark_conn_id="spark_connect_bench" if connect else "spark_default",
-        spark_conf=SPARK_CONF, max_bytes_per_shard=max_bytes_per_shard,
-        **({} if paced else {"read_bytes_per_second": None}), **output_settings,
+        output_path=str(output),
+        spark_conn_id=(connect if isinstance(connect, str) else "spark_connect_bench") if connect else "spark_default",
+        spark_conf=spark_conf or SPARK_CONF, max_bytes_per_shard=max_bytes_per_shard,
+        **({} if paced else {"read_bytes_per_second": None}), **settings,
     )  # fmt: skip
     started = time.monotonic()
     summary = operator.execute({})
@@ -170,212 +220,443 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, {platform.system()} {platform.machine()}"
 
 
+@dataclass
+class Bench:
+    """What every section uses: the options, the emulator, the proxies, the warm Spark server."""
+
+    args: argparse.Namespace
+    work: Path
+    lines: list[bytes]
+    moto: str
+    throttled: ThrottlingProxy
+    open_proxy: ThrottlingProxy
+    connect: tuple[str, int]
+    kinesis: Any
+
+    def log(self, msg: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def section_throttled(b: Bench) -> dict[str, Any]:
+    """1. Our operator, then the naive consumer, on one backlog behind the service's limits."""
+    args, kinesis, throttled = b.args, b.kinesis, b.throttled
+    stream = "bench-throttled"
+    new_stream(kinesis, stream, args.shards)
+    loaded = load_backlog(kinesis, stream, args.throttled_mib, b.lines)
+    b.log(f"throttled: loaded {loaded}")
+    use_connections(b.moto, throttled.endpoint, b.connect)
+    summary, wall = ingest(stream, b.work / "out-throttled")
+    check(summary, loaded, "throttled")
+    ours = {
+        "read_bytes_per_second": throttled.read_rate(stream),
+        "get_records": throttled.stats[f"GetRecords:{stream}"],
+        "throttled": throttled.stats[f"GetRecords.throttled:{stream}"],
+        "expired": throttled.stats[f"GetRecords.expired:{stream}"],
+        "wall_s": wall, "records": summary["records"],
+    }  # fmt: skip
+    b.log(f"throttled, ours: {ours}")
+    naive = naive_consume(client("kinesis", throttled.endpoint), stream)
+    if naive.user_records != loaded["user_records"]:
+        raise SystemExit(f"naive consumer read {naive.user_records} of {loaded['user_records']} records")
+    b.log(f"throttled, naive: {naive}")
+    limit = args.shards * 2 * MIB
+    return {
+        "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
+        "kinesis_records": loaded["kinesis_records"], "ours": ours,
+        "naive": {**naive.__dict__, "bytes_per_second": naive.bytes_per_second},
+        "limit_bytes_per_second": limit, "lower_bound_s": loaded["bytes"] / limit,
+    }  # fmt: skip
+
+
+def section_unthrottled(b: Bench) -> dict[str, Any]:
+    """2. Warm end to end against the naive consumer's read-only loop, no rate limits; one cold run."""
+    # Warm means what a running micro-batch pipeline has: the consumer's Spark Connect session
+    # already ran its previous batch (artifacts uploaded, Python workers started). Each repeat:
+    # a fresh stream, one small batch through the consumer (not measured), the backlog, then
+    # the naive consumer and ours on it. The naive consumer also reads the small batch's
+    # records (its rate counts them).
+    args, kinesis, open_proxy = b.args, b.kinesis, b.open_proxy
+    use_connections(b.moto, open_proxy.endpoint, b.connect)
+    pairs = []
+    for i in range(args.unthrottled_repeat):
+        stream = f"bench-unthrottled-{i}"
+        new_stream(kinesis, stream, args.shards)
+        load_backlog(kinesis, stream, 1, b.lines)
+        ingest(stream, b.work / f"out-{stream}", connect=True, paced=False)  # the consumer's previous batch
+        loaded = load_backlog(kinesis, stream, args.unthrottled_mib, b.lines)
+        b.log(f"unthrottled {i + 1}/{args.unthrottled_repeat}: loaded {loaded}")
+        naive = naive_consume(client("kinesis", open_proxy.endpoint), stream)
+        b.log(f"unthrottled, naive: {naive}")
+        summary, wall = ingest(stream, b.work / f"out-{stream}", connect=True, paced=False)
+        check(summary, loaded, "unthrottled")
+        b.log(f"unthrottled, ours over Spark Connect: {summary['records']} records in {wall:.1f}s")
+        pairs.append({"naive": {**naive.__dict__, "records_per_second": naive.records_per_second},
+                      "ours_warm": {"wall_s": wall, "records": summary["records"],
+                                    "records_per_second": summary["records"] / wall}})  # fmt: skip
+    ratios = [p["ours_warm"]["records_per_second"] / p["naive"]["records_per_second"] for p in pairs]
+    result = {
+        "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"], "runs": pairs,
+        "ratios": ratios, "ratio_median": statistics.median(ratios),
+        "naive_records_per_second_median": statistics.median(p["naive"]["records_per_second"] for p in pairs),
+        "ours_warm_records_per_second_median": statistics.median(p["ours_warm"]["records_per_second"] for p in pairs),
+    }  # fmt: skip
+    stream = "bench-unthrottled-cold"
+    new_stream(kinesis, stream, args.shards)
+    loaded = load_backlog(kinesis, stream, args.unthrottled_mib, b.lines)
+    summary, wall = ingest(stream, b.work / "out-unthrottled-cold", paced=False)
+    check(summary, loaded, "unthrottled, spark-submit")
+    b.log(f"unthrottled, ours with spark-submit: {summary['records']} records in {wall:.1f}s")
+    result["ours_cold"] = {"wall_s": wall, "records_per_second": summary["records"] / wall}
+    return result
+
+
+def section_fixed_cost(b: Bench) -> dict[str, Any]:
+    """3. The no-data run, a small batch cold and warm, and warm into Iceberg and Delta tables."""
+    args, kinesis, work = b.args, b.kinesis, b.work
+    stream = "bench-small"
+    new_stream(kinesis, stream, args.shards)
+    use_connections(b.moto, b.throttled.endpoint, b.connect)
+    costs: dict[str, list[float]] = {"no_data": [], "cold": [], "warm": [], "warm_iceberg": [], "warm_delta": []}
+    commits: dict[str, list[float]] = {"iceberg": [], "delta": []}
+    # The table outputs: their own consumers (own checkpoints) of the same stream, so each warm
+    # batch of a repetition reads the same new records in each format.
+    tables = {
+        "warm_iceberg": {"consumer": "bench-iceberg", "output_format": "iceberg", "table": "bench.small",
+                         "catalog_properties": {"type": "sql", "uri": f"sqlite:///{work}/catalog.db"}},
+        "warm_delta": {"consumer": "bench-delta", "output_format": "delta"},
+    }  # fmt: skip
+    small_mib = args.small_records * 300 / MIB
+    ingest(stream, work / "out-small")  # first run: creates the checkpoint table; not measured
+    ingest(stream, work / "out-small", connect=True)  # warms the Spark Connect server's workers
+    for kind, settings in tables.items():  # creates the tables (one first batch each); not measured
+        load_backlog(kinesis, stream, small_mib, b.lines)
+        ingest(stream, work / f"out-{kind}", connect=True, **settings)
+    ingest(stream, work / "out-small", connect=True)
+    for rep in range(args.repeat):
+        summary, wall = ingest(stream, work / "out-small")
+        assert summary["status"] == "no_new_records", summary
+        costs["no_data"].append(wall)
+        load_backlog(kinesis, stream, small_mib, b.lines)
+        order = ["warm", "warm_iceberg", "warm_delta"]
+        order = order[rep % 3:] + order[: rep % 3]  # each format first as often as the others
+        for kind in order:  # the same new records, in each format
+            summary, wall = ingest(stream, work / f"out-{kind}" if kind in tables else work / "out-small",
+                                   connect=True, **tables.get(kind, {}))  # fmt: skip
+            assert summary["status"] == "committed", summary
+            costs[kind].append(wall)
+            if kind in tables:
+                commits[tables[kind]["output_format"]].append(summary["table"]["seconds"])
+        load_backlog(kinesis, stream, small_mib, b.lines)
+        summary, wall = ingest(stream, work / "out-small")
+        assert summary["status"] == "committed", summary
+        costs["cold"].append(wall)
+        for kind, settings in tables.items():  # keep the table consumers level with the stream
+            ingest(stream, work / f"out-{kind}", connect=True, **settings)
+    medians = {k: statistics.median(v) for k, v in costs.items()}
+    b.log(f"fixed cost: {costs}; table commits: {commits}")
+    return {"runs": costs, "median_s": medians, "table_commit_s": commits,
+            "cold_overhead_s": medians["cold"] - medians["no_data"],
+            "warm_overhead_s": medians["warm"] - medians["no_data"],
+            "iceberg_overhead_s": medians["warm_iceberg"] - medians["warm"],
+            "delta_overhead_s": medians["warm_delta"] - medians["warm"]}  # fmt: skip
+
+
+def section_scale(b: Bench) -> dict[str, Any]:
+    """4. The no-data run and a warm small batch at several shard counts (``benchmarks/scale.py``)."""
+    from benchmarks.scale import run_scale
+
+    use_connections(b.moto, b.throttled.endpoint, b.connect)
+    return run_scale(b.kinesis, ingest, new_stream, b.lines, b.work, shard_counts=b.args.scale_shards,
+                     records_per_shard=b.args.scale_records_per_shard, repeat=b.args.scale_repeat, log=b.log)  # fmt: skip
+
+
+def _ingest_in_process(start: Any, results: Any, stream: str, output: str, connect: str, consumer: str,
+                      settings: dict[str, Any]) -> None:  # fmt: skip
+    """A consumer's batch in a process of its own, as an Airflow worker runs a task: waits at
+    ``start`` (a barrier), runs :func:`ingest`, puts ``(consumer, summary, seconds)`` or
+    ``(consumer, error text, None)`` on ``results``."""
+    try:
+        import airflow_kinesis_spark.operators.kinesis_to_spark  # noqa: F401 - imported before the barrier
+
+        start.wait()
+        summary, wall = ingest(stream, Path(output), connect=connect, consumer=consumer, **settings)
+        results.put((consumer, summary, wall))
+    except BaseException as err:  # noqa: BLE001 - reported by the parent
+        results.put((consumer, repr(err), None))
+
+
+def _shared_read(b: Bench, stream: str, consumers: list[str], connect_conn_id: str, **settings: Any) -> list[dict[str, Any]]:
+    """The consumers' batches of ``stream``, started at once, each in its own process (as Airflow
+    runs tasks; the Spark Connect client keeps a process-wide default session, so batches of
+    several consumers do not share a process); per consumer its read rate from the report its job
+    recorded (Kinesis bytes / first read start to last read end)."""
+    import multiprocessing
+
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
+    ctx = multiprocessing.get_context("spawn")
+    start, queue = ctx.Barrier(len(consumers)), ctx.Queue()
+    processes = [
+        ctx.Process(target=_ingest_in_process, name=f"bench-{c}",
+                    args=(start, queue, stream, str(b.work / f"out-{stream}-{c}"), connect_conn_id, c, {"read_tasks": 1, **settings}))
+        for c in consumers
+    ]  # fmt: skip
+    for process in processes:
+        process.start()
+    outcomes = {}
+    for _ in consumers:
+        consumer, summary, wall = queue.get(timeout=1800)
+        outcomes[consumer] = (summary, wall)
+    for process in processes:
+        process.join()
+    dynamodb = client("dynamodb", b.moto)
+    figures = []
+    for consumer in consumers:
+        summary, wall = outcomes[consumer]
+        if wall is None:
+            raise SystemExit(f"shared stream, consumer {consumer}: {summary}")
+        reports = DynamoDBCheckpointStore(dynamodb, f"{stream}-ckpt", stream, consumer).committed_report() or []
+        started = min(r.read_started for r in reports if r.read_started)
+        ended = max(r.read_ended for r in reports if r.read_ended)
+        kinesis_bytes = sum(r.kinesis_bytes for r in reports)
+        rate = kinesis_bytes / max(1e-9, ended - started)
+        figures.append({
+            "consumer": consumer, "records": summary["records"], "kinesis_bytes": kinesis_bytes, "wall_s": wall,
+            "read_started": started, "read_s": ended - started, "bytes_per_second": rate,
+            "fraction_per_shard": rate / (len(reports) * 2 * MIB),
+            "throttled_calls": sum(r.throttled_calls for r in reports),
+            "responses": sum(r.get_records_calls for r in reports),
+        })  # fmt: skip
+    first = min(f["read_started"] for f in figures)
+    for f in figures:  # when each began reading, after the first (s): how far the reads overlap
+        f["read_offset_s"] = f.pop("read_started") - first
+    return figures
+
+
+def section_shared(b: Bench) -> dict[str, Any]:
+    """5. Three consumers (own checkpoints) read one backlog at once: polling, then enhanced fan-out.
+
+    Each consumer's batch runs in its own process over a Spark Connect server with one task slot
+    per consumer (``read_tasks=1``: one task reads every shard of the consumer's batch), so the
+    reads overlap. Both go through the limits proxy: polling consumers share each shard's
+    2 MiB/s and 5 calls/s; SubscribeToShard pushes at most 2 MiB/s per consumer and shard.
+    """
+    args, kinesis = b.args, b.kinesis
+    consumers = [f"shared-{i + 1}" for i in range(args.shared_consumers)]
+    b.log(f"shared: starting a Spark Connect server with {len(consumers)} task slots")
+    result: dict[str, Any] = {"consumers": len(consumers), "shards": args.shards}
+    with spark_connect_server(cores=len(consumers)) as server:  # stopped after the section
+        use_connections(b.moto, b.throttled.endpoint, server, "spark_connect_shared")
+        for consumer_type in ("polling", "efo"):
+            stream = f"bench-shared-{consumer_type}"
+            new_stream(kinesis, stream, args.shards)
+            for consumer in consumers:  # checkpoint table, start positions, stream consumer; not measured
+                ingest(stream, b.work / f"out-{stream}-{consumer}", connect="spark_connect_shared", consumer=consumer,
+                       read_tasks=1, consumer_type=consumer_type)  # fmt: skip
+            mib = args.shared_mib if consumer_type == "polling" else args.shared_efo_mib
+            loaded = load_backlog(kinesis, stream, mib, b.lines)
+            b.log(f"shared {consumer_type}: loaded {loaded}")
+            figures = _shared_read(b, stream, consumers, "spark_connect_shared", consumer_type=consumer_type)
+            for f in figures:
+                if f["records"] != loaded["user_records"]:
+                    raise SystemExit(f"shared {consumer_type}, {f['consumer']}: read {f['records']} of {loaded['user_records']} records")
+            b.log(f"shared {consumer_type}: {figures}")
+            proxy_counts = {k.rsplit(":", 1)[0]: v for k, v in b.throttled.stats.items() if k.endswith(f":{stream}")}
+            result[consumer_type] = {"backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
+                                     "runs": figures, "proxy_counts": proxy_counts}  # fmt: skip
+    return result
+
+
+def section_freshness(b: Bench) -> dict[str, Any] | None:
+    """6. Freshness of the event-driven DAG (``benchmarks/freshness.py``: its own deployment of
+    Airflow, moto and Spark Connect); ``None`` when that module is not there."""
+    try:
+        from benchmarks.freshness import run_freshness
+    except ImportError:
+        b.log("freshness: benchmarks/freshness.py is not there; section skipped")
+        return None
+    return run_freshness(b.args.freshness_batches, log=b.log)
+
+
+def _memory_run(b: Bench, stream: str, mib: float, cap: int | None) -> dict[str, Any]:
+    """Ingest a fresh backlog of ``mib`` MiB with spark-submit (fixed heap), each job's peak memory sampled."""
+    new_stream(b.kinesis, stream, b.args.shards)
+    loaded = load_backlog(b.kinesis, stream, mib, b.lines)
+    records, started, peaks, live = 0, time.monotonic(), [], []
+    while True:  # batches of at most `cap` bytes per shard until the backlog is read
+        gc_log = Path(tempfile.mkdtemp(prefix="gc-", dir=b.work))
+        with MemorySampler() as sampler:  # one per batch: the peak of each job
+            summary, _ = ingest(stream, b.work / f"out-{stream}", paced=False, max_bytes_per_shard=cap,
+                                spark_conf=fixed_heap_conf(b.args.memory_heap, gc_log))  # fmt: skip
+        if summary["status"] == "no_new_records":
+            break
+        records += summary["records"]
+        peaks.append(sampler)
+        live.append(heap_after_gc(gc_log))
+        if cap is None:
+            break
+    check({"records": records}, loaded, stream)
+    return {"backlog_mib": loaded["bytes"] / MIB, "records": records, "batches": len(peaks),
+            "wall_s": time.monotonic() - started,
+            "peak_total_mib": max(p.peak_total for p in peaks) / MIB,
+            "peak_jvm_mib": max(p.peak_jvm for p in peaks) / MIB,
+            "peak_python_mib": max(p.peak_python for p in peaks) / MIB,
+            "heap_after_gc_mib": max((x for x in live if x is not None), default=None),
+            "per_batch_peak_total_mib": [round(p.peak_total / MIB) for p in peaks],
+            "per_batch_peak_jvm_mib": [round(p.peak_jvm / MIB) for p in peaks],
+            "per_batch_heap_after_gc_mib": live}  # fmt: skip
+
+
+def _worst(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One backlog's repeats as one row: the maxima of the peaks, every repeat's figures kept."""
+    after_gc = [r["heap_after_gc_mib"] for r in runs if r["heap_after_gc_mib"] is not None]
+    return {**runs[0], "repeats": len(runs),
+            "peak_total_mib": max(r["peak_total_mib"] for r in runs),
+            "peak_jvm_mib": max(r["peak_jvm_mib"] for r in runs),
+            "peak_python_mib": max(r["peak_python_mib"] for r in runs),
+            "heap_after_gc_mib": max(after_gc, default=None),
+            "wall_s": statistics.median(r["wall_s"] for r in runs),
+            "peak_total_mib_runs": [round(r["peak_total_mib"]) for r in runs],
+            "runs": runs}  # fmt: skip
+
+
+def section_memory(b: Bench) -> dict[str, Any]:
+    """7. Peak memory of the spark-submit jobs for two backlogs 4x apart, capped and uncapped.
+
+    The job's JVM runs with a fixed heap, touched in full at start (:func:`fixed_heap_conf`); each backlog is ingested
+    ``--memory-repeat`` times on fresh streams (alternating, small then large), and each row
+    reports the maxima over its repeats.
+    """
+    args = b.args
+    use_connections(b.moto, b.open_proxy.endpoint, b.connect)
+    cap = int(args.memory_cap_mib * MIB)
+    sizes = (args.memory_mib, 4 * args.memory_mib)
+    capped: dict[float, list[dict[str, Any]]] = {mib: [] for mib in sizes}
+    for rep in range(args.memory_repeat):
+        for mib in sizes:
+            run = _memory_run(b, f"bench-memory-{int(mib)}-{rep}", mib, cap)
+            capped[mib].append(run)
+            b.log(f"memory, capped, {mib:g} MiB, repeat {rep + 1}: {run}")
+    uncapped = []
+    for mib in sizes:  # the same backlogs, each in one batch
+        run = _memory_run(b, f"bench-memory-uncapped-{int(mib)}", mib, None)
+        uncapped.append(run)
+        b.log(f"memory, one uncapped batch, {mib:g} MiB: {run}")
+    rows = [{**_worst(capped[mib]), "cap_mib_per_shard": args.memory_cap_mib} for mib in sizes]
+    return {"heap": args.memory_heap, "spark_conf": fixed_heap_conf(args.memory_heap), "repeat": args.memory_repeat, "capped": rows, "uncapped": uncapped}
+
+
+def headline(results: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of the sections that ran (the last line ``make bench`` prints)."""
+    h: dict[str, Any] = {}
+    if "throttled" in results:
+        t = results["throttled"]
+        h["throttled_fraction_of_limit"] = round(t["ours"]["read_bytes_per_second"] / t["limit_bytes_per_second"], 3)
+        h["throttled_vs_naive"] = round(t["ours"]["read_bytes_per_second"] / t["naive"]["bytes_per_second"], 2)
+    if "unthrottled" in results:
+        u = results["unthrottled"]
+        h["unthrottled_vs_naive"] = round(u["ratio_median"], 2)
+        h["unthrottled_cold_vs_naive"] = round(u["ours_cold"]["records_per_second"] / u["naive_records_per_second_median"], 2)
+    if "throttled" in results:
+        t = results["throttled"]
+        h["ptee_fraction"] = round(t["ours"]["throttled"] / max(1, t["ours"]["get_records"]), 4)
+        h["expired_iterators"] = t["ours"]["expired"]
+    if "fixed_cost" in results:
+        f = results["fixed_cost"]
+        h.update({
+            "no_data_run_s": round(f["median_s"]["no_data"], 2),
+            "cold_overhead_s": round(f["cold_overhead_s"], 2),
+            "warm_overhead_s": round(f["warm_overhead_s"], 2),
+            "iceberg_overhead_s": round(f["iceberg_overhead_s"], 2),
+            "delta_overhead_s": round(f["delta_overhead_s"], 2),
+            "iceberg_commit_s": round(statistics.median(f["table_commit_s"]["iceberg"]), 3),
+            "delta_commit_s": round(statistics.median(f["table_commit_s"]["delta"]), 3),
+        })  # fmt: skip
+    if "memory" in results:
+        m = results["memory"]
+        h["peak_memory_ratio"] = round(m["capped"][1]["peak_total_mib"] / m["capped"][0]["peak_total_mib"], 3)
+        h["peak_memory_ratio_uncapped"] = round(m["uncapped"][1]["peak_total_mib"] / m["uncapped"][0]["peak_total_mib"], 3)
+    if "scale" in results:
+        from benchmarks.scale import scale_headline
+
+        h["scale"] = scale_headline(results["scale"])
+    if "shared" in results:
+        s = results["shared"]
+        h["shared_polling_fraction"] = [round(r["fraction_per_shard"], 3) for r in s["polling"]["runs"]]
+        h["shared_efo_fraction"] = [round(r["fraction_per_shard"], 3) for r in s["efo"]["runs"]]
+    if results.get("freshness") is not None:
+        h["freshness"] = {k: results["freshness"][k] for k in ("p50_s", "p95_s", "batches")}
+    return h
+
+
+def _sections(text: str) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", type=_sections, default=None,
+                        help=f"run only these sections (comma-separated: {', '.join(SECTIONS)}); the report is then "
+                             "written only with --output")  # fmt: skip
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--throttled-mib", type=float, default=160.0)
     parser.add_argument("--unthrottled-mib", type=float, default=160.0)
     parser.add_argument("--memory-mib", type=float, default=64.0, help="the smaller memory backlog; the larger is 4x")
     parser.add_argument("--memory-cap-mib", type=float, default=16.0,
                         help="max_bytes_per_shard of the memory runs: each batch reads at most this per shard")
+    parser.add_argument("--memory-heap", default="1g", help="the memory jobs' fixed JVM heap (-Xms = -Xmx)")
+    parser.add_argument("--memory-repeat", type=int, default=2, help="ingests of each memory backlog (maximum of the peaks)")
     parser.add_argument("--small-records", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each fixed-cost measurement (median)")
     parser.add_argument("--unthrottled-repeat", type=int, default=5, help="unthrottled runs of each consumer (median of the ratios)")
-    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--scale-shards", type=lambda s: [int(x) for x in s.split(",")], default=[4, 64, 256],
+                        help="shard counts of the scale section (comma-separated)")
+    parser.add_argument("--scale-records-per-shard", type=int, default=20)
+    parser.add_argument("--scale-repeat", type=int, default=3, help="runs of each scale measurement (median)")
+    parser.add_argument("--shared-consumers", type=int, default=3)
+    parser.add_argument("--shared-mib", type=float, default=64.0, help="the shared stream's backlog, polling")
+    parser.add_argument("--shared-efo-mib", type=float, default=128.0, help="the shared stream's backlog, enhanced fan-out")
+    parser.add_argument("--freshness-batches", type=int, default=30, help="batches the freshness section measures")
+    parser.add_argument("--output", default=None, help="the report (default docs/benchmarks.md; with --only, none)")
     args = parser.parse_args(argv)
+    only = args.only or list(SECTIONS)
+    output = args.output or (None if args.only else str(ROOT / "docs" / "benchmarks.md"))
     lines = access_log_lines(ROOT / "data" / "apache_access_log.gz")
     work = Path(tempfile.mkdtemp(prefix="kinesis-bench-"))
     os.environ.setdefault("AIRFLOW_HOME", str(work / "airflow"))
     results: dict[str, Any] = {"machine": machine(), "versions": versions(), "shards": args.shards,
-                               "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
-    log = lambda msg: print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)  # noqa: E731
+                               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                               "sections": [s for s in SECTIONS if s in only]}  # fmt: skip
     with ExitStack() as stack:
         moto = stack.enter_context(moto_server())
-        throttled = stack.enter_context(ThrottlingProxy(moto))
-        open_proxy = stack.enter_context(ThrottlingProxy(moto, KinesisLimits(throttle=False)))
-        log("starting a Spark Connect server")
-        connect = stack.enter_context(spark_connect_server(cores=2))
-        kinesis = client("kinesis", moto)
-
-        # 1. throttled ------------------------------------------------------------------------
-        stream = "bench-throttled"
-        new_stream(kinesis, stream, args.shards)
-        loaded = load_backlog(kinesis, stream, args.throttled_mib, lines)
-        log(f"throttled: loaded {loaded}")
-        use_connections(moto, throttled.endpoint, connect)
-        summary, wall = ingest(stream, work / "out-throttled")
-        check(summary, loaded, "throttled")
-        ours = {
-            "read_bytes_per_second": throttled.read_rate(stream),
-            "get_records": throttled.stats[f"GetRecords:{stream}"],
-            "throttled": throttled.stats[f"GetRecords.throttled:{stream}"],
-            "expired": throttled.stats[f"GetRecords.expired:{stream}"],
-            "wall_s": wall, "records": summary["records"],
-        }  # fmt: skip
-        log(f"throttled, ours: {ours}")
-        naive = naive_consume(client("kinesis", throttled.endpoint), stream)
-        if naive.user_records != loaded["user_records"]:
-            raise SystemExit(f"naive consumer read {naive.user_records} of {loaded['user_records']} records")
-        log(f"throttled, naive: {naive}")
-        limit = args.shards * 2 * MIB
-        results["throttled"] = {
-            "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
-            "kinesis_records": loaded["kinesis_records"], "ours": ours,
-            "naive": {**naive.__dict__, "bytes_per_second": naive.bytes_per_second},
-            "limit_bytes_per_second": limit, "lower_bound_s": loaded["bytes"] / limit,
-        }  # fmt: skip
-
-        # 2. unthrottled ----------------------------------------------------------------------
-        # Warm means what a running micro-batch pipeline has: the consumer's Spark Connect session
-        # already ran its previous batch (artifacts uploaded, Python workers started). Each repeat:
-        # a fresh stream, one small batch through the consumer (not measured), the backlog, then
-        # the naive consumer and ours on it. The naive consumer also reads the small batch's
-        # records (its rate counts them).
-        use_connections(moto, open_proxy.endpoint, connect)
-        pairs = []
-        for i in range(args.unthrottled_repeat):
-            stream = f"bench-unthrottled-{i}"
-            new_stream(kinesis, stream, args.shards)
-            load_backlog(kinesis, stream, 1, lines)
-            ingest(stream, work / f"out-{stream}", connect=True, paced=False)  # the consumer's previous batch
-            loaded = load_backlog(kinesis, stream, args.unthrottled_mib, lines)
-            log(f"unthrottled {i + 1}/{args.unthrottled_repeat}: loaded {loaded}")
-            naive = naive_consume(client("kinesis", open_proxy.endpoint), stream)
-            log(f"unthrottled, naive: {naive}")
-            summary, wall = ingest(stream, work / f"out-{stream}", connect=True, paced=False)
-            check(summary, loaded, "unthrottled")
-            log(f"unthrottled, ours over Spark Connect: {summary['records']} records in {wall:.1f}s")
-            pairs.append({"naive": {**naive.__dict__, "records_per_second": naive.records_per_second},
-                          "ours_warm": {"wall_s": wall, "records": summary["records"],
-                                        "records_per_second": summary["records"] / wall}})  # fmt: skip
-        ratios = [p["ours_warm"]["records_per_second"] / p["naive"]["records_per_second"] for p in pairs]
-        results["unthrottled"] = {
-            "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"], "runs": pairs,
-            "ratios": ratios, "ratio_median": statistics.median(ratios),
-            "naive_records_per_second_median": statistics.median(p["naive"]["records_per_second"] for p in pairs),
-            "ours_warm_records_per_second_median": statistics.median(p["ours_warm"]["records_per_second"] for p in pairs),
-        }  # fmt: skip
-        stream = "bench-unthrottled-cold"
-        new_stream(kinesis, stream, args.shards)
-        loaded = load_backlog(kinesis, stream, args.unthrottled_mib, lines)
-        summary, wall = ingest(stream, work / "out-unthrottled-cold", paced=False)
-        check(summary, loaded, "unthrottled, spark-submit")
-        log(f"unthrottled, ours with spark-submit: {summary['records']} records in {wall:.1f}s")
-        results["unthrottled"]["ours_cold"] = {"wall_s": wall, "records_per_second": summary["records"] / wall}
-
-        # 3. fixed cost per micro-batch ---------------------------------------------------------
-        stream = "bench-small"
-        new_stream(kinesis, stream, args.shards)
-        use_connections(moto, throttled.endpoint, connect)
-        costs: dict[str, list[float]] = {"no_data": [], "cold": [], "warm": [], "warm_iceberg": [], "warm_delta": []}
-        commits: dict[str, list[float]] = {"iceberg": [], "delta": []}
-        # The table outputs: their own consumers (own checkpoints) of the same stream, so each warm
-        # batch of a repetition reads the same new records in each format.
-        tables = {
-            "warm_iceberg": {"consumer": "bench-iceberg", "output_format": "iceberg", "table": "bench.small",
-                             "catalog_properties": {"type": "sql", "uri": f"sqlite:///{work}/catalog.db"}},
-            "warm_delta": {"consumer": "bench-delta", "output_format": "delta"},
-        }  # fmt: skip
-        ingest(stream, work / "out-small")  # first run: creates the checkpoint table; not measured
-        ingest(stream, work / "out-small", connect=True)  # warms the Spark Connect server's workers
-        for kind, settings in tables.items():  # creates the tables (one first batch each); not measured
-            load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
-            ingest(stream, work / f"out-{kind}", connect=True, **settings)
-        ingest(stream, work / "out-small", connect=True)
-        for rep in range(args.repeat):
-            summary, wall = ingest(stream, work / "out-small")
-            assert summary["status"] == "no_new_records", summary
-            costs["no_data"].append(wall)
-            load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
-            order = ["warm", "warm_iceberg", "warm_delta"]
-            order = order[rep % 3:] + order[: rep % 3]  # each format first as often as the others
-            for kind in order:  # the same new records, in each format
-                summary, wall = ingest(stream, work / f"out-{kind}" if kind in tables else work / "out-small",
-                                       connect=True, **tables.get(kind, {}))  # fmt: skip
-                assert summary["status"] == "committed", summary
-                costs[kind].append(wall)
-                if kind in tables:
-                    commits[tables[kind]["output_format"]].append(summary["table"]["seconds"])
-            load_backlog(kinesis, stream, args.small_records * 300 / MIB, lines)
-            summary, wall = ingest(stream, work / "out-small")
-            assert summary["status"] == "committed", summary
-            costs["cold"].append(wall)
-            for kind, settings in tables.items():  # keep the table consumers level with the stream
-                ingest(stream, work / f"out-{kind}", connect=True, **settings)
-        medians = {k: statistics.median(v) for k, v in costs.items()}
-        log(f"fixed cost: {costs}; table commits: {commits}")
-        results["fixed_cost"] = {"runs": costs, "median_s": medians, "table_commit_s": commits,
-                                 "cold_overhead_s": medians["cold"] - medians["no_data"],
-                                 "warm_overhead_s": medians["warm"] - medians["no_data"],
-                                 "iceberg_overhead_s": medians["warm_iceberg"] - medians["warm"],
-                                 "delta_overhead_s": medians["warm_delta"] - medians["warm"]}  # fmt: skip
-
-        # 4. memory ------------------------------------------------------------------------------
-        use_connections(moto, open_proxy.endpoint, connect)
-        memory = []
-        for mib in (args.memory_mib, 4 * args.memory_mib):
-            stream = f"bench-memory-{int(mib)}"
-            new_stream(kinesis, stream, args.shards)
-            loaded = load_backlog(kinesis, stream, mib, lines)
-            cap = int(args.memory_cap_mib * MIB)
-            records, started, peaks = 0, time.monotonic(), []
-            while True:  # batches of at most `cap` bytes per shard until the backlog is read
-                with MemorySampler() as sampler:  # one per batch: the peak of each job
-                    summary, _ = ingest(stream, work / f"out-{stream}", paced=False, max_bytes_per_shard=cap)
-                if summary["status"] == "no_new_records":
-                    break
-                records += summary["records"]
-                peaks.append(sampler)
-            check({"records": records}, loaded, stream)
-            memory.append({"backlog_mib": loaded["bytes"] / MIB, "records": records, "batches": len(peaks),
-                           "cap_mib_per_shard": args.memory_cap_mib, "wall_s": time.monotonic() - started,
-                           "peak_total_mib": max(p.peak_total for p in peaks) / MIB,
-                           "peak_jvm_mib": max(p.peak_jvm for p in peaks) / MIB,
-                           "peak_python_mib": max(p.peak_python for p in peaks) / MIB,
-                           "per_batch_peak_total_mib": [round(p.peak_total / MIB) for p in peaks]})  # fmt: skip
-            log(f"memory: {memory[-1]}")
-        results["memory"] = memory
-        uncapped = []
-        for mib in (args.memory_mib, 4 * args.memory_mib):  # the same backlogs, each in one batch
-            stream = f"bench-memory-uncapped-{int(mib)}"
-            new_stream(kinesis, stream, args.shards)
-            loaded = load_backlog(kinesis, stream, mib, lines)
-            with MemorySampler() as sampler:
-                summary, wall = ingest(stream, work / f"out-{stream}", paced=False)
-            check(summary, loaded, stream)
-            uncapped.append({"backlog_mib": loaded["bytes"] / MIB, "records": summary["records"], "batches": 1,
-                             "wall_s": wall, "peak_total_mib": sampler.peak_total / MIB,
-                             "peak_jvm_mib": sampler.peak_jvm / MIB, "peak_python_mib": sampler.peak_python / MIB})  # fmt: skip
-            log(f"memory, one uncapped batch: {uncapped[-1]}")
-        results["memory_uncapped"] = uncapped
+        bench = Bench(args=args, work=work, lines=lines, moto=moto, kinesis=client("kinesis", moto),
+                      throttled=stack.enter_context(ThrottlingProxy(moto)),
+                      open_proxy=stack.enter_context(ThrottlingProxy(moto, KinesisLimits(throttle=False))),
+                      connect=("", 0))  # fmt: skip
+        if set(only) & {"throttled", "unthrottled", "fixed_cost", "scale"}:  # the sections that use the warm server
+            bench.log("starting a Spark Connect server")
+            bench.connect = stack.enter_context(spark_connect_server(cores=2))
+        sections = {"throttled": section_throttled, "unthrottled": section_unthrottled, "fixed_cost": section_fixed_cost,
+                    "scale": section_scale, "shared": section_shared, "freshness": section_freshness,
+                    "memory": section_memory}  # fmt: skip
+        for name in SECTIONS:
+            if name in only:
+                started = time.monotonic()
+                results[name] = sections[name](bench)
+                results.setdefault("section_seconds", {})[name] = round(time.monotonic() - started, 1)
+                bench.log(f"section {name} done in {results['section_seconds'][name]:.0f}s")
     shutil.rmtree(work, ignore_errors=True)
+    results["headline"] = headline(results)
+    if output:
+        from benchmarks.report import write_report
 
-    t, u, f = results["throttled"], results["unthrottled"], results["fixed_cost"]
-    headline = {
-        "throttled_fraction_of_limit": round(t["ours"]["read_bytes_per_second"] / t["limit_bytes_per_second"], 3),
-        "throttled_vs_naive": round(t["ours"]["read_bytes_per_second"] / t["naive"]["bytes_per_second"], 2),
-        "unthrottled_vs_naive": round(u["ratio_median"], 2),
-        "unthrottled_cold_vs_naive": round(u["ours_cold"]["records_per_second"] / u["naive_records_per_second_median"], 2),
-        "ptee_fraction": round(t["ours"]["throttled"] / max(1, t["ours"]["get_records"]), 4),
-        "expired_iterators": t["ours"]["expired"],
-        "no_data_run_s": round(f["median_s"]["no_data"], 2),
-        "cold_overhead_s": round(f["cold_overhead_s"], 2),
-        "warm_overhead_s": round(f["warm_overhead_s"], 2),
-        "iceberg_overhead_s": round(f["iceberg_overhead_s"], 2),
-        "delta_overhead_s": round(f["delta_overhead_s"], 2),
-        "iceberg_commit_s": round(statistics.median(f["table_commit_s"]["iceberg"]), 3),
-        "delta_commit_s": round(statistics.median(f["table_commit_s"]["delta"]), 3),
-        "peak_memory_ratio": round(results["memory"][1]["peak_total_mib"] / results["memory"][0]["peak_total_mib"], 3),
-        "peak_memory_ratio_uncapped": round(
-            results["memory_uncapped"][1]["peak_total_mib"] / results["memory_uncapped"][0]["peak_total_mib"], 3
-        ),
-    }
-    results["headline"] = headline
-    from benchmarks.report import write_report
-
-    write_report(Path(args.output), results, " ".join(["python -m benchmarks.run", *(argv or sys.argv[1:])]))
-    log(f"report written to {args.output}")
-    print(json.dumps(headline), flush=True)
+        write_report(Path(output), results, " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]))
+        bench.log(f"report written to {output}")
+    print(json.dumps(results["headline"]), flush=True)
     return 0
 
 

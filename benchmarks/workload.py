@@ -45,10 +45,16 @@ def access_log_lines(path: Path) -> list[bytes]:
         return [line.rstrip(b"\n") for line in fh if line.strip()]
 
 
-def load_backlog(client: Any, stream: str, mib: float, lines: list[bytes], *, aggregate_bytes: int = AGGREGATE_BYTES) -> dict[str, int]:
+def load_backlog(client: Any, stream: str, mib: float, lines: list[bytes], *, aggregate_bytes: int = AGGREGATE_BYTES,
+                 user_records: int | None = None) -> dict[str, int]:  # fmt: skip
     """Put about ``mib`` MiB of user record data into ``stream``, spread evenly over its open shards.
 
+    The MiB count Kinesis record data of full aggregates, so at least one aggregate (about 50 KiB)
+    is put; ``user_records`` puts exactly that many user records instead (round robin over the
+    shards, each shard's in one aggregate while they fit).
+
     :param lines: user record payloads, repeated (with a counter appended) until ``mib`` is reached.
+    :param user_records: put exactly this many user records (``mib`` is then ignored).
     :returns: ``{"user_records", "kinesis_records", "bytes"}`` (bytes: Kinesis record data put).
     """
     targets = _hash_key_midpoints(client, stream)
@@ -81,7 +87,7 @@ def load_backlog(client: Any, stream: str, mib: float, lines: list[bytes], *, ag
         counts["bytes"] += len(data)
 
     i = 0
-    while counts["bytes"] < budget:
+    while (counts["user_records"] < user_records) if user_records is not None else (counts["bytes"] < budget):
         shard = i % len(targets)
         line = lines[i % len(lines)] + b" #%d" % i
         full = aggregators[shard].add_user_record(f"pk-{i % 1000}", line, explicit_hash_key=targets[shard])

@@ -1,0 +1,118 @@
+"""Many shards against moto: the probes stay within the Kinesis client's connection pool, and the
+batch log stores a plan and the checkpoints of 1,000 shards within DynamoDB's item limit
+(issue 17, item 5; the timed figures are in ``make bench``'s scale section)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from tests.helpers import checkpoints_after, make_plan, open_shards, reports_for
+
+from airflow_kinesis_spark.core.protocol import IncrementalSettings, run_incremental
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
+from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
+from tests.conftest import aws_connection, create_stream
+
+pytestmark = pytest.mark.integration
+
+#: DynamoDB's item size limit (DynamoDB developer guide, "Service, account, and table quotas"):
+#: 400 KB, counting attribute names and values (UTF-8).
+ITEM_LIMIT_BYTES = 400 * 1024
+
+
+class NoJob:
+    """The Spark job of a run that must not need one."""
+
+    def run(self, plan: Any, *, records_expected: bool) -> list:
+        raise AssertionError(f"a run without new records started a job for batch {plan.batch_id}")
+
+    def kill(self) -> None:
+        pass
+
+
+def pool_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "Connection pool is full" in r.getMessage()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("config_kwargs", "pool"), [(None, 10), ({"max_pool_connections": 32}, 32)], ids=["botocore-default", "connection-32"]
+)
+def test_runs_without_new_records_at_256_shards_stay_within_the_connection_pool(
+    monkeypatch, moto_endpoint, kinesis, unique_name, caplog, config_kwargs, pool
+):
+    """Through the hooks (AwsBaseHook builds the clients from the ``aws`` connection; its
+    ``config_kwargs`` set botocore's ``max_pool_connections``): the first run records the 256 new
+    shards' start positions, the second finds no new records; both probe every shard, and no
+    connection is opened and thrown away ("Connection pool is full")."""
+    extra = {"config_kwargs": config_kwargs} if config_kwargs else {}
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_connection(moto_endpoint, **extra))
+    create_stream(kinesis, unique_name, 256)
+    kinesis_client = KinesisStreamHook(aws_conn_id="aws_default").conn
+    assert kinesis_client.meta.config.max_pool_connections == pool
+    store = DynamoDBCheckpointHook(aws_conn_id="aws_default").get_store(f"{unique_name}_t", unique_name, "lake")
+    store.ensure_table()
+    caplog.set_level(logging.WARNING, logger="urllib3")
+    settings = IncrementalSettings(stream_name=unique_name, consumer_name="lake", output_root="mem://out",
+                                   cutoff=datetime.now(timezone.utc), min_call_interval=0.0)  # fmt: skip
+
+    first = run_incremental(kinesis_client, store, NoJob(), settings, "run-1")
+    assert first["status"] == "committed_without_records" and len(first["shards"]) == 256
+    second = run_incremental(kinesis_client, store, NoJob(), settings, "run-2")
+    assert second["status"] == "no_new_records" and len(second["shards"]) == 256
+    assert pool_warnings(caplog) == []
+
+
+def _item_bytes(item: dict[str, Any]) -> int:
+    """An item's size as DynamoDB counts it: attribute names plus values (strings in UTF-8,
+    numbers about their digits)."""
+    size = 0
+    for name, value in item.items():
+        (kind, raw), = value.items()
+        size += len(name.encode()) + len(str(raw).encode()) + (1 if kind == "N" else 0)
+    return size
+
+
+def _items(store: DynamoDBCheckpointStore, prefix: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for page in store.client.get_paginator("query").paginate(
+        TableName=store.table_name, KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
+        ExpressionAttributeValues={":pk": {"S": store.pk}, ":p": {"S": prefix}}, ConsistentRead=True,
+    ):  # fmt: skip
+        out.extend(page["Items"])
+    return out
+
+
+def test_a_plan_and_the_checkpoints_of_1000_shards_are_chunked_within_the_item_limit_and_read_back_equal(
+    dynamodb, unique_name, monkeypatch
+):
+    """A synthetic batch of 1,000 shard ranges with real-sized (56-digit) sequence numbers: begin,
+    report, commit; every batch-log item is under 400 KB (the plan takes more than one), and
+    another process's store reads the plan, the report and the checkpoints back equal."""
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    store.ensure_table()
+    # The KCL-style mirror (one PutItem per shard, after the commit, never read by the protocol)
+    # is not what this test is about: left out, it keeps the test quick.
+    monkeypatch.setattr(store, "_mirror_leases", lambda plan, checkpoints: None)
+    plan = make_plan(1, open_shards(1000), stream_name=unique_name, consumer_name="lake")
+    checkpoints = checkpoints_after(plan, 10**6, sub=3)
+    reports = reports_for(plan, checkpoints)
+    store.begin(plan, "run-a")
+    store.record_report(1, "run-a", reports)
+    store.commit(plan, checkpoints, "run-a")
+
+    batch_log = _items(store, "BATCH#00000000000000000001#")
+    plan_items = [i for i in batch_log if "#PLAN#" in i["sk"]["S"]]
+    assert len(plan_items) >= 2 and {i["chunks"]["N"] for i in plan_items} == {str(len(plan_items))}
+    assert {"#PLAN#", "#REPORT#", "#CKPT#"} <= {k for i in batch_log for k in ("#PLAN#", "#REPORT#", "#CKPT#") if k in i["sk"]["S"]}
+    sizes = [_item_bytes(i) for i in [*batch_log, *_items(store, "HEAD")]]
+    assert max(sizes) < ITEM_LIMIT_BYTES, max(sizes)
+
+    reader = DynamoDBCheckpointStore(dynamodb, store.table_name, unique_name, "lake")
+    assert reader.committed_plan() == plan
+    assert reader.committed_report() == reports
+    assert reader.committed_checkpoints() == checkpoints
