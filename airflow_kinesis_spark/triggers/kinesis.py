@@ -284,6 +284,8 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
         self.initial_position = initial_position
         # The committed batch id the last event was sent for (in memory: see "Re-firing").
         self._fired_for: int | None = None
+        # The committed batch id the last poll counted after.
+        self._counted_after: int | None = None
 
     def own_arguments(self) -> dict[str, Any]:
         return {"min_records": self.min_records, "min_age_seconds": self.min_age_seconds, "initial_position": self.initial_position}
@@ -295,6 +297,7 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
         )
         reason = backlog_due(summary, min_records, min_age)
         committed = summary["committed_batch_id"]
+        self._counted_after = committed
         self.log.info(
             "backlog of %s/%s after batch %s: %s%d records waiting in %d shards, oldest %d ms; %s",
             self.stream_name, self.consumer_name, committed, "" if summary["records_waiting_exact"] else "at least ",
@@ -341,14 +344,16 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
                 await self._wait_for_next_poll(dynamodb)
 
     async def _wait_for_next_poll(self, dynamodb: Any) -> None:
-        """Sleep ``poke_interval`` seconds; while holding after an event, end early once the
-        consumer's committed batch id moved (read every ``BACKLOG_HOLD_HEAD_INTERVAL_S``)."""
+        """Sleep ``poke_interval`` seconds; while holding after an event (the last poll counted
+        after the batch the event was sent for), end early once the consumer's committed batch id
+        moved (read every ``BACKLOG_HOLD_HEAD_INTERVAL_S``)."""
         deadline = time.monotonic() + self.poke_interval
+        holding = self._fired_for is not None and self._fired_for == self._counted_after
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            if self._fired_for is None:
+            if not holding:
                 await asyncio.sleep(left)
                 return
             await asyncio.sleep(min(left, BACKLOG_HOLD_HEAD_INTERVAL_S))
@@ -359,7 +364,7 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
                               self.consumer_name, err)  # fmt: skip
                 await asyncio.sleep(max(0.0, deadline - time.monotonic()))
                 return
-            if committed != self._fired_for:
+            if committed != self._counted_after:
                 self.log.info("batch %s committed: polling the backlog now", committed)
                 return
 

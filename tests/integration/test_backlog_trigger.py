@@ -212,6 +212,46 @@ def test_after_an_event_a_commit_starts_the_next_poll_at_once(aws_conn, kinesis,
     assert first["committed_batch_id"] == 0 and second["committed_batch_id"] == 1
 
 
+def test_after_a_commit_with_nothing_waiting_it_polls_at_the_interval_again(aws_conn, kinesis, dynamodb, unique_name):
+    """The head watch ends with the poll after the commit: when nothing waits then, the trigger
+    is no longer holding and polls Kinesis every ``poke_interval`` (600 s here), not every second."""
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [(f"k{i}", b"x") for i in range(3)])
+    trigger = trigger_for(unique_name, poke_interval=600)
+    polls: list[dict | None] = []
+    evaluate = trigger.evaluate
+
+    async def counted(kinesis_client: Any, dynamodb_client: Any) -> dict | None:
+        result = await evaluate(kinesis_client, dynamodb_client)
+        polls.append(result)
+        return result
+
+    trigger.evaluate = counted  # type: ignore[method-assign]
+
+    async def main() -> None:
+        events: asyncio.Queue = asyncio.Queue()
+
+        async def consume() -> None:
+            async for event in trigger.run():
+                await events.put(event.payload)
+
+        task = asyncio.create_task(consume())
+        try:
+            await asyncio.wait_for(events.get(), 30)
+            await asyncio.to_thread(commit_everything, kinesis, dynamodb, unique_name, 1)
+            deadline = time.monotonic() + 60
+            while len(polls) < 2 and time.monotonic() < deadline:  # the poll after the commit
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(5 * triggers.BACKLOG_HOLD_HEAD_INTERVAL_S)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert len(polls) == 2, polls
+    assert polls[0] is not None and polls[1] is None  # the event, then nothing waiting after batch 1
+
+
 def test_a_failing_poll_is_logged_and_never_fires(fast_polls, aws_conn, unique_name, capfd, caplog):
     caplog.set_level(logging.INFO)
     assert events_within(trigger_for(f"{unique_name}-missing"), STARTUP + 4 * POLL) == []
