@@ -1,7 +1,7 @@
 """``make bench``: our operator against the Kinesis read limits and a naive consumer.
 
     python -m benchmarks.run [--only SECTION[,SECTION...]] [--shards 4] [--throttled-mib 160]
-                             [--unthrottled-mib 160] [--memory-mib 64] [--output docs/benchmarks.md]
+                             [--unthrottled-mib 160] [--memory-mib 32] [--output docs/benchmarks.md]
 
 Everything runs on 127.0.0.1: moto in server mode holds the stream and the checkpoint table;
 Kinesis traffic goes through :class:`benchmarks.kinesis_limits.ThrottlingProxy`, which enforces
@@ -605,8 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--throttled-mib", type=float, default=160.0)
     parser.add_argument("--unthrottled-mib", type=float, default=160.0)
-    parser.add_argument("--memory-mib", type=float, default=64.0, help="the smaller memory backlog; the larger is 4x")
-    parser.add_argument("--memory-cap-mib", type=float, default=16.0,
+    parser.add_argument("--memory-mib", type=float, default=32.0, help="the smaller memory backlog; the larger is 4x")
+    parser.add_argument("--memory-cap-mib", type=float, default=8.0,
                         help="max_bytes_per_shard of the memory runs: each batch reads at most this per shard")
     parser.add_argument("--memory-heap", default="1g", help="the memory jobs' fixed JVM heap (-Xms = -Xmx)")
     parser.add_argument("--memory-repeat", type=int, default=2, help="ingests of each memory backlog (maximum of the peaks)")
