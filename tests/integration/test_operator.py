@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from airflow.providers.apache.spark.hooks import spark_submit as spark_submit_module
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
@@ -164,7 +165,15 @@ def test_failed_spark_job_is_rerun_from_the_same_plan(aws_conn, spark_calls, kin
 
     # Records arriving after the failure are not in the re-used plan: same plan, same records.
     late = put_plain(kinesis, unique_name, [(f"q{i}", f"late{i}".encode()) for i in range(30)])
-    retry = operator(unique_name, output).execute({})
+    # The plan was made with the transform: a retry without it is refused, naming the difference.
+    with pytest.raises(AirflowFailException, match=r"transform: the plan has 'failing_transform:explode', this task has "
+                                                   r"None \(set by transform\)"):  # fmt: skip
+        operator(unique_name, output).execute({})
+    # The transform is fixed in its module (same module:function): the retry re-uses the plan.
+    fixed = tmp_path / "fixed" / "failing_transform.py"
+    fixed.parent.mkdir()
+    fixed.write_text("def explode(df):\n    return df\n")
+    retry = operator(unique_name, output, transform="failing_transform:explode", spark_py_files=str(fixed)).execute({})
     assert retry["reused_plan"] is True and retry["batch_id"] == 1 and retry["records"] == 120
     assert store.committed_checkpoints() != {}
     assert verify(produced, committed_rows(output, store.head().committed_batch_id)).ok
