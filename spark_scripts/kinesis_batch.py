@@ -4,7 +4,7 @@ Run by spark-submit (``KinesisToSparkOperator``) or by any operator that runs a 
 (a split task group's job task: EMR, Glue, Databricks, Kubernetes, ...) with::
 
     kinesis_batch.py --checkpoint-table T --stream S --consumer C --batch-id N --lease-owner O
-                     [--lease-seconds 120] [--records-expected] [--region R] [--transform module:function]
+                     [--lease-seconds 60] [--records-expected] [--region R] [--transform module:function]
 
 The batch is handed over in the checkpoint store (``airflow_kinesis_spark.core.job``): the driver
 claims it, reads its plan from the store, holds its lease while it runs (losing it cancels the
