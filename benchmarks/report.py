@@ -207,7 +207,8 @@ def _shared(n: int, results: dict[str, Any]) -> list[str]:
         f"server with {s['consumers']} task slots (`read_tasks=1`: one task reads every shard of a consumer's batch). "
         "Both go through the limits proxy: polling consumers share each shard's 2 MiB/s and 5 calls/s; "
         "SubscribeToShard (each consumer registered as a stream consumer) pushes at most 2 MiB/s per consumer and "
-        "shard. A consumer's read rate is the Kinesis bytes its job "
+        "shard. Each consumer ran a first small batch before (not measured): its server session is warm. "
+        "A consumer's read rate is the Kinesis bytes its job "
         "read divided by the time from its first read's start to its last read's end (from the report it recorded "
         "in the checkpoint store); the fraction is of 2 MiB/s per shard. The proxy's counts for each stream (calls, "
         "throttled calls before botocore's retries, subscriptions, events) are in the raw results (`proxy_counts`).",
