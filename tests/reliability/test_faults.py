@@ -6,8 +6,10 @@ attempt). The slowdown against the fault-free run is measured and written to
 ``build/reliability/faults.json`` (``faults_efo.json`` for ``consumer_type="efo"``).
 
 With ``consumer_type="efo"`` the job subscribes (SubscribeToShard) through the proxy to a local
-SubscribeToShard server in front of moto, and the proxy fails those calls too or cuts their
-subscriptions mid-stream (``fault_proxy.SUBSCRIBE_FAULTS``).
+SubscribeToShard server in front of moto (100 Kinesis records per event), and the proxy fails
+those calls too or cuts their subscriptions mid-stream (``fault_proxy.SUBSCRIBE_FAULTS``, drawn at
+the rate); at 20 % and 50 % the first two subscriptions also get a cut after one event and an
+``InternalFailure`` answer, whatever the draws.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOpera
 from demo.producer import committed_rows, put_aggregated, put_plain, verify
 from tests.conftest import ROOT, create_stream
 from tests.conftest import aws_connection
+from tests.reliability.fault_proxy import SUBSCRIBE_FAULTS
 from tests.reliability.harness import fault_stack
 
 pytestmark = [pytest.mark.reliability, pytest.mark.spark, pytest.mark.slow]
@@ -32,6 +35,7 @@ pytestmark = [pytest.mark.reliability, pytest.mark.spark, pytest.mark.slow]
 RATES = (None, 0.0, 0.05, 0.20, 0.50)  # None: a warm-up run (Spark Connect session start), not measured
 #: EFO: 5 % is left out (its few SubscribeToShard calls rarely draw a fault; the suite's time budget).
 RATES_BY_TYPE = {"polling": RATES, "efo": (None, 0.0, 0.20, 0.50)}
+SUBSCRIBE_FAULT = {fault[1]: fault for fault in SUBSCRIBE_FAULTS}
 RETRIES = {"config_kwargs": {"retries": {"mode": "standard", "max_attempts": 10}}}
 
 
@@ -49,7 +53,10 @@ def test_output_is_identical_under_injected_faults(consumer_type, connections, m
     results = {}
     rates = RATES_BY_TYPE[consumer_type]
     for rate in rates:
-        with fault_stack(moto_endpoint, consumer_type, rate=rate or 0.0, seed=int((rate or 0) * 100) + 7) as proxy:
+        with fault_stack(moto_endpoint, consumer_type, fan_out={"records_per_event": 100},  # a shard in several events
+                         rate=rate or 0.0, seed=int((rate or 0) * 100) + 7) as proxy:  # fmt: skip
+            if consumer_type == "efo" and rate:  # besides the drawn ones, always: a failed call and a cut mid-shard
+                proxy.subscribe_faults = [(SUBSCRIBE_FAULT["cut"], 2), (SUBSCRIBE_FAULT["InternalFailure"], None)]
             connections.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_connection(proxy.endpoint, **RETRIES))
             name = "warmup" if rate is None else str(int(rate * 100))
             consumer, output = f"c{name}", tmp_path / f"out{name}"
@@ -80,7 +87,8 @@ def test_output_is_identical_under_injected_faults(consumer_type, connections, m
         assert results[rate]["digest"] == baseline["digest"], f"output at {rate:.0%} faults differs from the fault-free run"
         assert sum(results[rate]["injected"].values()) > 0
         if consumer_type == "efo":  # the job's subscriptions met faults too (each a renewal or a retry)
-            assert any(kind.startswith("SubscribeToShard:") for kind in results[rate]["injected"]), results[rate]
+            injected = results[rate]["injected"]
+            assert injected.get("SubscribeToShard:cut", 0) >= 1 and injected.get("SubscribeToShard:InternalFailure", 0) >= 1, results[rate]
         results[rate]["slowdown"] = round(results[rate]["seconds"] / baseline["seconds"], 2)
     report = ROOT / "build" / "reliability" / ("faults.json" if consumer_type == "polling" else "faults_efo.json")
     report.parent.mkdir(parents=True, exist_ok=True)
