@@ -619,8 +619,9 @@ class SparkSubmitJob:
         return build(env)
 
 
-def _files_digest(paths: Sequence[str]) -> str:
-    """SHA-256 over the names and contents of ``paths``."""
+def artifacts_digest(paths: Sequence[str]) -> str:
+    """SHA-256 (hex) over the names and contents of ``paths``: what a reusable Spark Connect
+    session's artifacts are (:func:`connect_session_id`)."""
     digest = hashlib.sha256()
     for path in paths:
         digest.update(os.path.basename(path).encode() + b"\0")
@@ -725,11 +726,14 @@ def session_secret(configured: str | None = None) -> bytes:
         return secret
 
 
-def connect_session_id(secret: bytes, scope: str, stream_name: str, consumer_name: str) -> str:
+def connect_session_id(secret: bytes, scope: str, stream_name: str, consumer_name: str, artifacts: str = "") -> str:
     """The reusable Spark Connect session id of a consumer: a UUID from HMAC-SHA256 keyed by
-    ``secret`` over scope, stream and consumer. Without the secret it cannot be derived, so no
-    other client can pre-create or join the session (the server accepts any id a client names)."""
-    digest = hmac.new(secret, f"{scope}/{stream_name}/{consumer_name}".encode(), hashlib.sha256).digest()
+    ``secret`` over scope, stream, consumer and the digest of the artifacts the session holds
+    (:func:`artifacts_digest`). Without the secret it cannot be derived, so no other client can
+    pre-create or join the session (the server accepts any id a client names). Another package
+    version (an upgrade) gets another session: a session's artifacts cannot be replaced under the
+    same name (``ARTIFACT_ALREADY_EXISTS``), and the old session ends with the server's idle timeout."""
+    digest = hmac.new(secret, f"{scope}/{stream_name}/{consumer_name}/{artifacts}".encode(), hashlib.sha256).digest()
     return str(uuid.UUID(bytes=digest[:16], version=4))
 
 
@@ -818,12 +822,12 @@ class SparkConnectJob:
 
     def _session(self, session_cls: Any, url: str, plan: BatchPlan, artifacts: list[str]) -> Any:
         if self.settings.reuse_connect_session:
-            session_id = connect_session_id(self._secret, self.session_scope, plan.stream_name, plan.consumer_name)
+            digest = artifacts_digest(artifacts)
+            session_id = connect_session_id(self._secret, self.session_scope, plan.stream_name, plan.consumer_name, digest)
             spark = None
             try:
                 spark = session_cls.builder.remote(with_session_id(url, session_id)).getOrCreate()
                 spark.release_session_on_close = False
-                digest = _files_digest(artifacts)
                 if spark.conf.get(ARTIFACTS_CONF, None) != digest:  # not uploaded to this session yet
                     for artifact in artifacts:
                         spark.addArtifacts(artifact, pyfile=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import pyarrow.parquet as pq
 import pytest
@@ -25,6 +26,17 @@ def connections(monkeypatch, moto_endpoint, spark_connect_endpoint):
         "extra": {"region_name": REGION, "endpoint_url": moto_endpoint}}))  # fmt: skip
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_TEST", json.dumps({"conn_type": "spark_connect", "host": host, "port": port}))
     monkeypatch.setattr(BatchSparkSubmitHook, "submit", lambda *a, **k: pytest.fail("spark-submit must not run"))
+
+
+
+def consumer_session_id(stream: str, consumer: str) -> str:
+    """The reusable server session id the operator derives for (stream, consumer) with this
+    checkout's package zip (no py_files)."""
+    from airflow_kinesis_spark.hooks.spark import artifacts_digest, connect_session_id, core_zip, session_secret
+
+    with tempfile.TemporaryDirectory() as tmp:
+        digest = artifacts_digest([core_zip(tmp)])
+    return connect_session_id(session_secret(), "KinesisToSparkOperator", stream, consumer, digest)
 
 
 def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name, tmp_path, capfd, monkeypatch):
@@ -82,10 +94,10 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     # nor does the consumer's reusable server session keep them in its state (its conf)
     from pyspark.sql import SparkSession
 
-    from airflow_kinesis_spark.hooks.spark import connect_session_id, session_secret, with_session_id
+    from airflow_kinesis_spark.hooks.spark import with_session_id
 
     conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_TEST"])
-    session_id = connect_session_id(session_secret(), "KinesisToSparkOperator", unique_name, "lake")
+    session_id = consumer_session_id(unique_name, "lake")
     session = SparkSession.builder.remote(with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)).getOrCreate()
     state = json.dumps(session.conf.getAll)
     session.stop()
@@ -101,7 +113,7 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
 
     from pyspark.sql import SparkSession
 
-    from airflow_kinesis_spark.hooks.spark import connect_session_id, session_secret, with_session_id
+    from airflow_kinesis_spark.hooks.spark import with_session_id
 
     caplog.set_level(logging.INFO)
     create_stream(kinesis, unique_name, 1)
@@ -120,7 +132,7 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
     logs = caplog.text + "".join(capfd.readouterr())
     assert "Running the Spark job of batch 2" in logs and "not reusable" not in logs
     # Release the consumer's session as another client could; the next batch must still run.
-    session_id = connect_session_id(session_secret(), "KinesisToSparkOperator", unique_name, "lake")
+    session_id = consumer_session_id(unique_name, "lake")
     conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_TEST"])
     other = SparkSession.builder.remote(with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)).getOrCreate()
     other.stop()  # releases it on the server
@@ -130,6 +142,43 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
     assert run()["records"] == 1
     assert "not reusable" in caplog.text + "".join(capfd.readouterr())
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+
+
+def test_a_new_package_version_gets_its_own_reusable_session(connections, kinesis, unique_name, tmp_path, caplog, capfd, monkeypatch):
+    """After an upgrade (another package zip under the same name) the consumer's batches keep one
+    warm session: a new one for the new version, re-used from then on (before: the old session
+    refused the zip, ARTIFACT_ALREADY_EXISTS, and every batch started a fresh session)."""
+    import logging
+    import zipfile
+
+    from airflow_kinesis_spark.hooks import spark as spark_hooks
+
+    caplog.set_level(logging.INFO)
+    create_stream(kinesis, unique_name, 1)
+
+    def run():
+        return KinesisToSparkOperator(
+            task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+            output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+        ).execute({})  # fmt: skip
+
+    put_plain(kinesis, unique_name, [("k", b"one")])
+    assert run()["records"] == 1
+    original = spark_hooks.core_zip
+
+    def upgraded_zip(directory: str) -> str:  # the same name, other contents
+        path = original(directory)
+        with zipfile.ZipFile(path, "a") as zf:
+            zf.writestr("airflow_kinesis_spark/_upgraded.py", "VERSION = 2\n")
+        return path
+
+    monkeypatch.setattr(spark_hooks, "core_zip", upgraded_zip)
+    caplog.clear()
+    capfd.readouterr()
+    for data in (b"two", b"three"):
+        put_plain(kinesis, unique_name, [("k", data)])
+        assert run()["records"] == 1
+    assert "not reusable" not in caplog.text + "".join(capfd.readouterr())
 
 
 PLANTED_BOTO3 = """
