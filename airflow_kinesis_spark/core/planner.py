@@ -33,6 +33,7 @@ __all__ = [
     "advance",
     "validate_report",
     "rewind_checkpoints",
+    "output_settings",
     "INITIAL_POSITIONS",
 ]
 
@@ -139,6 +140,16 @@ class BatchPlan:
             consumer_arn=data.get("consumer_arn"),
             task_settings=data.get("task_settings"),
         )
+
+
+def output_settings(output: Mapping[str, Any]) -> dict[str, Any]:
+    """The DAG author's settings of a plan's output spec (``BatchPlan.output``): the spec without
+    the ``max_records_per_file`` a ``target_file_size`` derives at planning. What a pending plan
+    is compared on; specs of earlier versions have no ``target_file_size`` (``0``: none)."""
+    data = {"target_file_size": 0, **output}
+    if data["target_file_size"]:
+        data.pop("max_records_per_file", None)
+    return data
 
 
 def initial_checkpoint(initial_position: str, *, now: datetime, initial_timestamp: datetime | None = None) -> Checkpoint:

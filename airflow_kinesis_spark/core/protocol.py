@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES, ensure_stream_consumer
 from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
 from airflow_kinesis_spark.core.names import stream_name_of
-from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, restart_from_trim_horizon, validate_report
+from airflow_kinesis_spark.core.planner import BatchPlan, output_settings, plan_incremental, restart_from_trim_horizon, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, to_utc
 from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
 from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, log_probes, probe_ranges
@@ -229,11 +229,18 @@ class WindowSettings:
     consumer_type: str = "polling"
 
 
-def _consumer_arn(kinesis: Any, stream: str, consumer_name: str, consumer_type: str) -> str | None:
-    """The registered stream consumer's ARN for ``efo`` (registered or reused), else ``None``."""
+def _check_consumer_type(consumer_type: str) -> None:
     if consumer_type not in CONSUMER_TYPES:
         raise ValueError(f"consumer_type must be one of {', '.join(CONSUMER_TYPES)}; got {consumer_type!r}")
-    return ensure_stream_consumer(kinesis, stream, consumer_name) if consumer_type == "efo" else None
+
+
+def _for_job(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings | WindowSettings) -> BatchPlan:
+    """``plan`` with what only a plan that is persisted or run needs, resolved now: the output
+    spec (a ``target_file_size`` becomes a rows cap from the table's latest commit: a catalog
+    call) and, for ``efo``, the stream consumer (registered or reused, waited for until ACTIVE).
+    A run that finds no new records makes neither call."""
+    arn = ensure_stream_consumer(kinesis, settings.stream_name, settings.consumer_name) if settings.consumer_type == "efo" else None
+    return replace(plan, output=_output_spec(settings.sink, planning=True), consumer_arn=arn)
 
 
 def _output_spec(sink: Sink | None, *, planning: bool = False) -> dict[str, Any] | None:
@@ -383,7 +390,8 @@ def prepare_incremental(
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
     log_probes(probes)
     if not any(r.records or r.quarantined for r in probes):
-        return PreparedBatch(summary=_commit_without_records(store, plan, probes, owner, sink=settings.sink))
+        return PreparedBatch(summary=_commit_without_records(kinesis, store, plan, probes, owner, settings))
+    plan = _for_job(kinesis, plan, settings)
     store.begin(plan, owner)
     return PreparedBatch(plan=plan, records_expected=any(r.records for r in probes), reused=False)
 
@@ -469,9 +477,8 @@ def plan_batch(
         max_bytes_per_shard=settings.max_bytes_per_shard,
         allow_data_loss=settings.allow_data_loss,
     )
-    plan = replace(plan, checkpoint_table=store.table_name, output=_output_spec(settings.sink, planning=True),
-                   consumer_arn=_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, settings.consumer_type),
-                   task_settings=_task_settings(settings))
+    _check_consumer_type(settings.consumer_type)
+    plan = replace(plan, checkpoint_table=store.table_name, task_settings=_task_settings(settings))
     gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
     if gaps:
         detail = _gap_detail(gaps)
@@ -568,7 +575,7 @@ def _differences(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSe
         "output location": plan.output_location,
         "consumer type": "efo" if plan.consumer_arn else "polling",
     }
-    want_output, have_output = _output_spec(settings.sink), _stored_output_settings(plan.output)
+    want_output, have_output = _output_spec(settings.sink), (output_settings(plan.output) if plan.output else None)
     if want_output is None or have_output is None:  # protocol tests, and plans of earlier versions: Parquet
         expected["output format"] = (want_output or {}).get("format", "parquet")
         stored["output format"] = (have_output or {}).get("format", "parquet")
@@ -668,17 +675,6 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
     )  # fmt: skip
 
 
-def _stored_output_settings(output: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A stored plan's output spec as the DAG author's settings (``OutputSpec.settings``: without
-    the cap a byte target derived); plans of earlier versions stored a spec without a target."""
-    if not output:
-        return None
-    data = {"target_file_size": 0, **output}
-    if data["target_file_size"]:
-        data.pop("max_records_per_file", None)
-    return data
-
-
 def _gap_detail(gaps: Mapping[str, str]) -> str:
     return "; ".join(f"{k}: {v}" for k, v in sorted(gaps.items()))
 
@@ -754,7 +750,9 @@ def _commit(
     return summary
 
 
-def _commit_without_records(store: Any, plan: BatchPlan, probes: list[ShardReport], owner: str, *, sink: Sink | None = None) -> dict[str, Any]:
+def _commit_without_records(
+    kinesis: Any, store: Any, plan: BatchPlan, probes: list[ShardReport], owner: str, settings: IncrementalSettings
+) -> dict[str, Any]:
     """No planned range has a record: no job. Commit only when a checkpoint must be recorded:
     a new shard's starting position, a shard's end, or (at most every :data:`IDLE_REFRESH`) that
     idle shards were seen empty up to the cutoff."""
@@ -765,15 +763,16 @@ def _commit_without_records(store: Any, plan: BatchPlan, probes: list[ShardRepor
     if not newly_ended and not new_shards and not stale:
         log.info("No new records in %d shards before cutoff %s: no Spark job, no files, no batch",
                  len(plan.ranges), format_timestamp(plan.cutoff))  # fmt: skip
-        return incremental_summary(plan, probes, plan.checkpoints, "no_new_records", reused=False, sink=sink)
+        return incremental_summary(plan, probes, plan.checkpoints, "no_new_records", reused=False, sink=settings.sink)
     log.info(
         "No new records; recording checkpoints without a Spark job (new shards: %s; shards ended: %s; "
         "idle shards seen empty up to the cutoff: %s)",
         new_shards, newly_ended, stale,
     )  # fmt: skip
+    plan = _for_job(kinesis, plan, settings)  # persisted: a crash before the commit leaves it pending, to be compared
     store.begin(plan, owner)
     store.commit(plan, checkpoints, owner)
-    return incremental_summary(plan, probes, checkpoints, "committed_without_records", reused=False, sink=sink)
+    return incremental_summary(plan, probes, checkpoints, "committed_without_records", reused=False, sink=settings.sink)
 
 
 def _needs_idle_refresh(checkpoint: Checkpoint, cutoff: datetime) -> bool:
@@ -953,13 +952,13 @@ def run_window(
         stream_name=settings.stream_name, consumer_name=settings.consumer_name, shards=shards, start=start, end=end,
         slices=int(slices), now=now, output_location=location,
     )  # fmt: skip
-    plan = replace(plan, output=_output_spec(settings.sink, planning=True),
-                   consumer_arn=_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, settings.consumer_type))
+    _check_consumer_type(settings.consumer_type)
     log.info("Window [%s, %s): %d shards x %d time slices, output %s",
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
     log_probes(probes)
     found = any(r.records or r.quarantined for r in probes)
+    plan = _for_job(kinesis, plan, settings) if found else plan
     if found and store is not None and hands_off(job):
         reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes))  # type: ignore[arg-type]
     elif found:

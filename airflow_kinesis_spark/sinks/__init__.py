@@ -146,10 +146,9 @@ class OutputSpec:
     def settings(self) -> dict[str, Any]:
         """What the DAG author set (without the cap a byte target derives at planning): what a
         pending plan is compared on."""
-        data = self.to_dict()
-        if self.target_file_size:
-            data.pop("max_records_per_file")
-        return data
+        from airflow_kinesis_spark.core.planner import output_settings
+
+        return output_settings(self.to_dict())
 
 
 def plan_marker(plan: Any) -> str:

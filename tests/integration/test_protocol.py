@@ -365,3 +365,36 @@ def test_a_run_reads_the_head_item_once(kinesis, dynamodb, store, unique_name):
     dynamodb.meta.events.register("before-parameter-build.dynamodb.GetItem", lambda params, **_: reads.append(params["Key"]["sk"]["S"]))
     idle = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-2")
     assert idle["status"] == "no_new_records" and reads == ["HEAD"]
+
+
+def test_a_run_without_new_records_derives_no_output_spec_and_registers_no_stream_consumer(kinesis, store, unique_name, tmp_path):
+    """The output spec (with a target file size: a catalog call) and the stream consumer (efo:
+    DescribeStreamConsumer, or registering it) are resolved only for a plan that is persisted."""
+    from airflow_kinesis_spark.core.protocol import prepare_incremental
+    from airflow_kinesis_spark.sinks.parquet import ParquetSink
+
+    class CountingSink(ParquetSink):  # the Parquet sink, counting how often a plan's output spec is derived
+        derived = 0
+
+        def planned_output_spec(self):
+            CountingSink.derived += 1
+            return super().planned_output_spec()
+
+    create_stream(kinesis, unique_name, 1)
+    arn = kinesis.describe_stream_summary(StreamName=unique_name)["StreamDescriptionSummary"]["StreamARN"]
+    def s():  # the task's settings, its cutoff now
+        return settings(unique_name, sink=CountingSink(str(tmp_path / "out")), output_root=str(tmp_path / "out"), consumer_type="efo")
+
+    first = run_incremental(kinesis, store, ReaderJob(kinesis), s(), "run-1")  # the new shard's start is recorded
+    assert first["status"] == "committed_without_records" and CountingSink.derived == 1
+    assert store.committed_plan(store.head()).consumer_arn  # a persisted plan names its stream consumer
+    # by its ARN: moto 5.2.5 ignores a deregistration by stream ARN and consumer name
+    kinesis.deregister_stream_consumer(ConsumerARN=store.committed_plan(store.head()).consumer_arn)
+    assert kinesis.list_stream_consumers(StreamARN=arn)["Consumers"] == []
+    idle = run_incremental(kinesis, store, ReaderJob(kinesis), s(), "run-2")
+    assert idle["status"] == "no_new_records" and CountingSink.derived == 1
+    assert kinesis.list_stream_consumers(StreamARN=arn)["Consumers"] == []  # not registered again by an idle run
+    put_plain(kinesis, unique_name, [("k", b"one")])
+    time.sleep(0.01)  # a cutoff in a later millisecond than the record's arrival
+    prepared = prepare_incremental(kinesis, store, s(), "run-3")
+    assert prepared.plan is not None and prepared.plan.consumer_arn and CountingSink.derived == 2
