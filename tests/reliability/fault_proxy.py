@@ -24,9 +24,7 @@ Counts of what it injected are kept per fault kind. Traffic stays on 127.0.0.1.
 
 from __future__ import annotations
 
-import binascii
 import http.client
-import json
 import random
 import struct
 import threading
@@ -35,6 +33,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler
 
 from demo.proxy import ForwardingProxy
+from demo.subscribe import exception_message
 
 KINESIS_FAULTS = (
     (400, "ProvisionedThroughputExceededException", "Rate exceeded for shard"),
@@ -234,18 +233,3 @@ def _send_chunk(request: BaseHTTPRequestHandler, message: bytes) -> None:
     request.wfile.write(f"{len(message):x}\r\n".encode() + message + b"\r\n")
     request.wfile.flush()
 
-
-def exception_message(code: str, message: str) -> bytes:
-    """An event-stream exception message (``:message-type: exception``), as the service sends an
-    error inside a SubscribeToShard stream; botocore raises it as ``EventStreamError``."""
-
-    def header(name: str, value: str) -> bytes:
-        raw, text = name.encode(), value.encode()
-        return struct.pack("!B", len(raw)) + raw + struct.pack("!BH", 7, len(text)) + text  # 7: string
-
-    headers = header(":message-type", "exception") + header(":exception-type", code) + header(":content-type", "application/json")
-    payload = json.dumps({"message": message}).encode()
-    prelude = struct.pack("!II", 12 + len(headers) + len(payload) + 4, len(headers))
-    prelude += struct.pack("!I", binascii.crc32(prelude) & 0xFFFFFFFF)
-    body = prelude + headers + payload
-    return body + struct.pack("!I", binascii.crc32(body) & 0xFFFFFFFF)
