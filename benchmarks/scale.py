@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks.workload import load_backlog
 
 __all__ = ["SHARD_COUNTS", "run_scale", "scale_markdown", "scale_targets"]
@@ -47,6 +49,14 @@ class _PoolWarnings(logging.Handler):
             self.count += 1
 
 
+def _cpu(process: psutil.Process | None) -> float:
+    """User + system CPU seconds of ``process`` so far (0 without one)."""
+    if process is None:
+        return 0.0
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def run_scale(
     kinesis: Any,
     ingest: Callable[..., tuple[dict[str, Any], float]],
@@ -58,6 +68,7 @@ def run_scale(
     records_per_shard: int = 20,
     repeat: int = 3,
     log: Callable[[str], None] = print,
+    emulator: psutil.Process | None = None,
 ) -> dict[str, Any]:
     """Measure the no-data run and the warm small batch at each shard count (see the module doc).
 
@@ -68,6 +79,8 @@ def run_scale(
     :param work: a scratch directory for the output.
     :param records_per_shard: new user records per shard in each small batch (about).
     :param repeat: measured runs of each kind per shard count (median).
+    :param emulator: the emulator's process: its CPU time (user + system, seconds) during each
+        no-data run is recorded (``no_data_emulator_cpu``), what the emulator itself costs.
     :returns: ``{"records_per_shard", "repeat", "runs": {shards: {"no_data": [s], "small": [s],
         "records": [n]}}, "median_s": {shards: {"no_data": s, "small": s}}, "pool_full_warnings": n}``
         (shard counts as strings: JSON keys).
@@ -87,9 +100,11 @@ def run_scale(
             load_backlog(kinesis, stream, 0, lines, user_records=shards * records_per_shard)
             ingest(stream, out, connect=True)  # the session's first batch of this stream; not measured
             log(f"scale {shards} shards: ready in {time.monotonic() - started:.1f}s")
-            figures: dict[str, list[float]] = {"no_data": [], "small": [], "records": []}
+            figures: dict[str, list[float]] = {"no_data": [], "no_data_emulator_cpu": [], "small": [], "records": []}
             for _ in range(repeat):
+                cpu = _cpu(emulator)
                 summary, wall = ingest(stream, out)
+                figures["no_data_emulator_cpu"].append(_cpu(emulator) - cpu)
                 if summary.get("status") != "no_new_records":
                     raise SystemExit(f"scale {shards}: a run without new records ended {summary.get('status')!r}")
                 figures["no_data"].append(wall)
@@ -134,14 +149,15 @@ def scale_targets(scale: dict[str, Any]) -> list[tuple[str, str, bool]]:
 def scale_markdown(scale: dict[str, Any]) -> list[str]:
     """The section's lines of ``docs/benchmarks.md`` (a paragraph and a table)."""
     rows = [
-        "| shards | no-data run, median (s) | runs (s) | small batch, warm, median (s) | runs (s) | records per batch |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| shards | no-data run, median (s) | runs (s) | moto's CPU in a no-data run, median (s) | small batch, warm, median (s) "
+        "| runs (s) | records per batch |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for shards, figures in sorted(scale["runs"].items(), key=lambda kv: int(kv[0])):
         medians = scale["median_s"][shards]
         rows.append(
             f"| {shards} | {medians['no_data']:.2f} | {', '.join(f'{x:.2f}' for x in figures['no_data'])} | "
-            f"{medians['small']:.2f} | {', '.join(f'{x:.2f}' for x in figures['small'])} | "
+            f"{statistics.median(figures.get('no_data_emulator_cpu') or [0.0]):.2f} | {medians['small']:.2f} | {', '.join(f'{x:.2f}' for x in figures['small'])} | "
             f"{statistics.median(figures['records']):,.0f} |"
         )
     return [
@@ -151,7 +167,10 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
         f"and ends without a Spark job or a commit. A small batch is about {scale['records_per_shard']} new user records "
         "per shard, end to end over the warm Spark Connect session (plan, probes, the job, the report, the commit and "
         "its KCL-style item per shard). Each stream ran one unmeasured first run and one unmeasured small batch before. "
-        f"\"Connection pool is full\" warnings logged during the section: {scale['pool_full_warnings']}.",
+        f"\"Connection pool is full\" warnings logged during the section: {scale['pool_full_warnings']}. A run's "
+        "probes are two calls per shard (`GetShardIterator`, `GetRecords`), 512 at 256 shards, and every call costs "
+        "the emulator (moto in server mode, one process) CPU time of its own: the column gives moto's CPU seconds "
+        "during each no-data run, a floor under that run's time on this machine that the service does not have.",
         "",
         *rows,
     ]
