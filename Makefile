@@ -106,12 +106,12 @@ demo-tables: venv
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST := -n $(TEST_WORKERS) --dist worksteal
 
-# The reliability suite's seeded random kills: 8 in `make test` (a cold spark-submit per kill;
+# The reliability suite's seeded random kills: 12 in `make test` (a cold spark-submit per kill;
 # the suite's time budget), all 50 in `make test-reliability`. With enhanced fan-out
 # (consumer_type="efo"), `make test` runs one crash point (mid_read), the fault rates and the
 # reader's SubscribeToShard faults; `make test-reliability` every crash point and 20 random kills.
 test: venv venv-spark35 kinesalite postgres
-	KILL_POINTS=$${KILL_POINTS:-8} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
+	KILL_POINTS=$${KILL_POINTS:-12} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
 	$(MAKE) --no-print-directory test-spark35
 
 # The PySpark job's tests (tests/spark) on Spark 3.5; `make test` runs them on Spark 4 and then here.
