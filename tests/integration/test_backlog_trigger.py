@@ -7,7 +7,8 @@ import importlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -182,6 +183,24 @@ def test_one_event_per_committed_batch_while_the_trigger_keeps_running(fast_poll
     assert len(seen) == 2
 
 
+@asynccontextmanager
+async def running(trigger) -> AsyncIterator[asyncio.Queue]:
+    """The trigger running in a task; yields the queue its events' payloads arrive on, and
+    cancels the task on exit."""
+    events: asyncio.Queue = asyncio.Queue()
+
+    async def consume() -> None:
+        async for event in trigger.run():
+            await events.put(event.payload)
+
+    task = asyncio.create_task(consume())
+    try:
+        yield events
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 def test_after_an_event_a_commit_starts_the_next_poll_at_once(aws_conn, kinesis, dynamodb, unique_name):
     """While it holds, the trigger watches the head: a commit is followed by a backlog poll within
     about a second, not a ``poke_interval`` (here 600 s) later."""
@@ -190,23 +209,13 @@ def test_after_an_event_a_commit_starts_the_next_poll_at_once(aws_conn, kinesis,
     trigger = trigger_for(unique_name, poke_interval=600)
 
     async def main() -> list[dict]:
-        events: asyncio.Queue = asyncio.Queue()
-
-        async def consume() -> None:
-            async for event in trigger.run():
-                await events.put(event.payload)
-
-        task = asyncio.create_task(consume())
-        try:
+        async with running(trigger) as events:
             first = await asyncio.wait_for(events.get(), 30)  # the first poll runs at once
             await asyncio.to_thread(put_plain, kinesis, unique_name, [("more", b"y")] * 2)  # arrives mid-run
             await asyncio.to_thread(commit_everything, kinesis, dynamodb, unique_name, 1)
             await asyncio.to_thread(put_plain, kinesis, unique_name, [("late", b"z")] * 2)
             second = await asyncio.wait_for(events.get(), 60)  # 60 s, a tenth of poke_interval
             return [first, second]
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     first, second = asyncio.run(main())
     assert first["committed_batch_id"] == 0 and second["committed_batch_id"] == 1
@@ -229,23 +238,13 @@ def test_after_a_commit_with_nothing_waiting_it_polls_at_the_interval_again(aws_
     trigger.evaluate = counted  # type: ignore[method-assign]
 
     async def main() -> None:
-        events: asyncio.Queue = asyncio.Queue()
-
-        async def consume() -> None:
-            async for event in trigger.run():
-                await events.put(event.payload)
-
-        task = asyncio.create_task(consume())
-        try:
+        async with running(trigger) as events:
             await asyncio.wait_for(events.get(), 30)
             await asyncio.to_thread(commit_everything, kinesis, dynamodb, unique_name, 1)
             deadline = time.monotonic() + 60
             while len(polls) < 2 and time.monotonic() < deadline:  # the poll after the commit
                 await asyncio.sleep(0.1)
             await asyncio.sleep(5 * triggers.BACKLOG_HOLD_HEAD_INTERVAL_S)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
     assert len(polls) == 2, polls
