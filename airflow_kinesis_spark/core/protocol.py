@@ -741,7 +741,8 @@ def _commit(
         table = sink.commit_batch(plan, reports)
         if table is not None:
             table = replace(table, seconds=round(time.monotonic() - started, 3))
-            log.info("Batch %d: table commit to %s (%s) in %.3f s", plan.batch_id, table.table, table.format, table.seconds)
+            if _is_table(sink):  # a Parquet batch's commit is the checkpoint commit: no table commit to log
+                log.info("Batch %d: table commit to %s (%s) in %.3f s", plan.batch_id, table.table, table.format, table.seconds)
     store.commit(plan, checkpoints, owner)
     if sink is not None:
         sink.after_checkpoint_commit(plan, reports)

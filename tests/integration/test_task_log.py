@@ -130,3 +130,16 @@ def test_quarantined_and_out_of_range_records_are_warnings_with_counts(kinesis, 
     assert sorted(line[len(label):].split(":")[0] for line in info if line.startswith(f"{label}, shard ")) == [
         f", shard {shard_id} slice 0", f", shard {shard_id} slice 1"]  # fmt: skip
     assert len([line for line in info if line.startswith(f"{label} written: 2 records")]) == 1
+
+
+def test_a_parquet_batch_logs_no_table_commit(kinesis, store, unique_name, caplog, tmp_path):
+    """Only Iceberg and Delta make a table commit; a Parquet batch's log does not claim one."""
+    from airflow_kinesis_spark.sinks.parquet import ParquetSink
+
+    caplog.set_level(logging.INFO, logger="airflow_kinesis_spark")
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"one")])
+    root = str(tmp_path / "out")
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name, sink=ParquetSink(root), output_root=root), "run-1")
+    assert summary["status"] == "committed" and summary["records"] == 1
+    assert not [line for line in lines(caplog, PROTOCOL) if "table commit" in line]
