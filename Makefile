@@ -106,22 +106,39 @@ demo-tables: venv
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 XDIST := -n $(TEST_WORKERS) --dist worksteal
 
+# The tests start a few hundred short-lived Spark JVMs (spark-submit, PySpark's gateway, Connect
+# servers), each on a few hundred records. For them, and only in the tests (spark-submit adds
+# SPARK_SUBMIT_OPTS to the JVM it starts; `make demo` and `make bench` run Spark as users do), the
+# JVM compiles with C1 only and the serial collector (no C2 and no parallel GC threads competing
+# for 2 cores), and maps Spark's classes from a class-data-sharing archive dumped once per
+# environment by tests/spark_class_archive.py: a spark-submit takes about half the CPU time.
+# A missing or stale archive only turns sharing off (-Xshare:auto). Unified JVM logging is quiet
+# but for errors, on stderr (CDS warnings would otherwise go to stdout).
+TEST_JVM_OPTS := -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xlog:disable -Xlog:all=error:stderr
+SPARK_CDS := $(abspath .cache/spark-test-classes.jsa)
+$(SPARK_CDS): $(VENV)/.installed tests/spark_class_archive.py
+	rm -f $@
+	SPARK_SUBMIT_OPTS="$(TEST_JVM_OPTS) -XX:ArchiveClassesAtExit=$@" $(VENV)/bin/spark-submit --master 'local[2]' \
+	  --conf spark.ui.enabled=false tests/spark_class_archive.py > .cache/spark-class-archive.log 2>&1 \
+	  || { tail -20 .cache/spark-class-archive.log; rm -f $@; echo "warning: no class-data-sharing archive; the Spark tests run without it"; }
+TEST_ENV := SPARK_SUBMIT_OPTS="$${SPARK_SUBMIT_OPTS-$(TEST_JVM_OPTS) -XX:SharedArchiveFile=$(SPARK_CDS)}"
+
 # The reliability suite's seeded random kills: 12 in `make test` (a cold spark-submit per kill;
 # the suite's time budget), all 50 in `make test-reliability`. With enhanced fan-out
 # (consumer_type="efo"), `make test` runs one crash point (mid_read), the fault rates and the
 # reader's SubscribeToShard faults; `make test-reliability` every crash point and 20 random kills.
-test: venv venv-spark35 kinesalite postgres
-	KILL_POINTS=$${KILL_POINTS:-12} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
+test: venv venv-spark35 kinesalite postgres $(SPARK_CDS)
+	$(TEST_ENV) KILL_POINTS=$${KILL_POINTS:-12} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
 	$(MAKE) --no-print-directory test-spark35
 
 # The PySpark job's tests (tests/spark) on Spark 3.5; `make test` runs them on Spark 4 and then here.
 test-spark35: venv-spark35
-	PYSPARK_PYTHON=$(abspath $(PY35)) PYSPARK_DRIVER_PYTHON=$(abspath $(PY35)) $(PY35) -m pytest -q \
+	SPARK_SUBMIT_OPTS="$${SPARK_SUBMIT_OPTS-$(TEST_JVM_OPTS)}" PYSPARK_PYTHON=$(abspath $(PY35)) PYSPARK_DRIVER_PYTHON=$(abspath $(PY35)) $(PY35) -m pytest -q \
 	  -W "ignore:The distutils package is deprecated:DeprecationWarning" tests/spark
 
 # The reliability suite alone (crash points, 50 seeded random kills, faults, concurrency, bad input).
-test-reliability: venv kinesalite
-	KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q -m reliability
+test-reliability: venv kinesalite $(SPARK_CDS)
+	$(TEST_ENV) KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q -m reliability
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" $(XDIST)
