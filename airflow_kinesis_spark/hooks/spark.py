@@ -84,6 +84,8 @@ LOG_LEVEL_CONF = "spark.log.level"
 LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 #: System property the shipped configuration reads its root level from (default ``warn``).
 LOG_LEVEL_PROPERTY = "airflow_kinesis_spark.log.level"
+#: log4j 2's system property for the root level of its default configuration (no file found).
+LOG4J_DEFAULT_LEVEL_PROPERTY = "log4j2.level"
 #: Name prefix of the runners' private temporary directories: ``kinesis-batch-<batch id>-<random>``.
 TEMP_DIR_PREFIX = "kinesis-batch-"
 #: File in each temporary directory naming the process that uses it (JSON: host, pid, start time).
@@ -162,20 +164,32 @@ def _java_option(name: str, value: str) -> str:
     return f'-D{name}="{value}"' if any(c.isspace() for c in value) else f"-D{name}={value}"
 
 
-def with_log_config(conf: dict[str, Any], *, local: bool, cluster_deploy_mode: bool) -> tuple[dict[str, Any], str | None]:
-    """``conf`` with the job's log4j 2 configuration (:data:`LOG4J_CONFIG`) passed to the driver
-    and executors, and the file spark-submit must ship (``--files``) for them, or ``None``.
+def with_log_config(conf: dict[str, Any], *, master: str, cluster_deploy_mode: bool) -> tuple[dict[str, Any], str | None]:
+    """``conf`` with the job's logging settings for the driver and executors (Spark at
+    ``spark.log.level``, default ``WARN``), and the file spark-submit must ship (``--files``), or ``None``.
 
-    * The driver gets ``-Dlog4j2.configurationFile`` in ``spark.driver.extraJavaOptions``: the
-      file's path on this worker (client deploy mode, a local master), or its name in the working
-      directory the cluster manager gives the driver (cluster deploy mode: YARN puts ``--files``
-      there before the driver starts). Executors of a cluster get its name in
-      ``spark.executor.extraJavaOptions``; a local master's executors run in the driver.
-    * Options already in ``conf`` are kept and these are appended; a ``conf`` that names its own
-      ``log4j2.configurationFile`` (or ``log4j.configurationFile``) is returned unchanged.
-    * ``spark.log.level`` in ``conf`` (:data:`LOG_LEVELS`; default ``WARN``) becomes the
-      configuration's root level from the JVM's start (``-Dairflow_kinesis_spark.log.level``).
+    Each JVM gets them in its ``spark.{driver,executor}.extraJavaOptions``, in the form that works
+    at its start, when log4j 2 configures itself:
 
+    * A JVM that starts on this machine (the JVMs of a ``local`` or ``local-cluster`` master; the
+      driver in client deploy mode): ``-Dlog4j2.configurationFile`` with the path of :data:`LOG4J_CONFIG` here.
+    * A JVM that YARN starts (executors; the driver in cluster deploy mode): the file's name. It
+      is shipped with ``--files``, and YARN puts it in the container's working directory before
+      the JVM starts.
+    * A JVM that any other cluster manager starts (standalone, Kubernetes: their executors fetch
+      ``--files`` only with their first task, long after log4j started, and then log Spark's INFO
+      defaults): no file but ``-Dlog4j2.level`` (:data:`LOG4J_DEFAULT_LEVEL_PROPERTY`), the level
+      of log4j 2's default configuration (the console, stdout), which Spark keeps. ``ERROR`` goes
+      there as ``WARN``: Spark takes a default configuration at ``ERROR`` for "log4j not
+      configured" and loads its own, at INFO.
+
+    Options already in ``conf`` are kept and these are appended; a ``conf`` that names its own
+    ``log4j2.configurationFile`` (or ``log4j.configurationFile``) is returned unchanged.
+    ``spark.log.level`` in ``conf`` (:data:`LOG_LEVELS`) is the level from each JVM's start
+    (``-Dairflow_kinesis_spark.log.level`` for the file).
+
+    :param master: the connection's master (``local[*]``, ``yarn``, ``spark://...``, ``k8s://...``).
+    :param cluster_deploy_mode: whether the driver runs on the cluster.
     :raises ValueError: ``spark.log.level`` is not one of :data:`LOG_LEVELS`.
     """
     level = str(conf.get(LOG_LEVEL_CONF) or "WARN").strip().upper()
@@ -185,17 +199,23 @@ def with_log_config(conf: dict[str, Any], *, local: bool, cluster_deploy_mode: b
     if any("log4j2.configurationFile" in str(conf.get(k) or "") or "log4j.configurationFile" in str(conf.get(k) or "") for k in keys):
         return conf, None  # the DAG author's own logging configuration
     path = log4j_config_path()
-    ours = f"{_java_option(LOG_LEVEL_PROPERTY, level.lower())} "
+    local, yarn = master.startswith("local"), master.startswith("yarn")
     conf = dict(conf)
 
-    def add(key: str, config_file: str) -> None:
-        conf[key] = " ".join(p for p in (str(conf.get(key) or "").strip(), ours + _java_option("log4j2.configurationFile", config_file)) if p)
+    def add(key: str, where: str) -> None:
+        """``where``: ``path`` (this machine), ``name`` (YARN's working directory) or ``level``."""
+        if where == "level":
+            ours = _java_option(LOG4J_DEFAULT_LEVEL_PROPERTY, "WARN" if level == "ERROR" else level)
+        else:
+            ours = f"{_java_option(LOG_LEVEL_PROPERTY, level.lower())} " + _java_option(
+                "log4j2.configurationFile", path if where == "path" else os.path.basename(path))
+        conf[key] = " ".join(p for p in (str(conf.get(key) or "").strip(), ours) if p)
 
-    add(keys[0], os.path.basename(path) if cluster_deploy_mode else path)
-    if local:
-        return conf, None
-    add(keys[1], os.path.basename(path))
-    return conf, path
+    add(keys[0], "path" if local or not cluster_deploy_mode else "name" if yarn else "level")
+    if local and not master.startswith("local-cluster"):
+        return conf, None  # the executors run in the driver's JVM
+    add(keys[1], "path" if local else "name" if yarn else "level")
+    return conf, path if yarn else None
 
 
 # -- private temporary directories ------------------------------------------------------------
@@ -304,9 +324,8 @@ def _newest_mtime(directory: str) -> float:
 
 def make_batch_temp_dir(batch_id: int | str, pid: int | None = None) -> str:
     """A new private temporary directory ``kinesis-batch-<batch_id>-*`` owned by process ``pid``
-    (default: this one), after removing what killed runs left behind (:func:`sweep_leftover_temp_dirs`).
-    The caller removes it."""
-    sweep_leftover_temp_dirs()
+    (default: this one). The caller removes it; what killed runs left behind is removed when the
+    next run starts (:class:`SparkJob`, :func:`sweep_leftover_temp_dirs`)."""
     directory = tempfile.mkdtemp(prefix=f"{TEMP_DIR_PREFIX}{batch_id}-")
     _write_owner(directory, os.getpid() if pid is None else pid)
     return directory
@@ -435,7 +454,7 @@ class SparkSubmitJob:
     (:data:`LOG4J_CONFIG`, :func:`with_log_config`) goes with it; ``spark.log.level`` in
     ``spark_conf`` (e.g. ``INFO``) sets its level. The job's files are in a private temporary
     directory, removed when the run ends, and by the next run if this one was killed
-    (:func:`batch_temp_dir`); on a local master Spark's own scratch space is there too.
+    (:func:`batch_temp_dir`, :class:`SparkJob`); on a local master Spark's own scratch space is there too.
     """
 
     takes_batch_from_store = True
@@ -595,7 +614,8 @@ class SparkSubmitJob:
         local = str(probe._connection.get("master") or "").startswith("local")
         if local:
             conf = {**LOCAL_UI_CONF, **conf}  # the DAG author's spark_conf wins
-        conf, files = with_log_config(conf, local=local, cluster_deploy_mode=probe._connection.get("deploy_mode") == "cluster")
+        conf, files = with_log_config(conf, master=str(probe._connection.get("master") or ""),
+                                      cluster_deploy_mode=probe._connection.get("deploy_mode") == "cluster")
         # On YARN and Kubernetes the provider turns env_vars into --conf options on the command
         # line; credentials must not go there, so the cluster's own role is used instead.
         on_command_line = probe.env_goes_on_command_line
@@ -850,12 +870,17 @@ class SparkConnectJob:
 class SparkJob:
     """The batch's Spark job on the ``spark_conn_id`` connection: the runner
     (:func:`spark_job_for`) is chosen when the job first runs, so a run that needs no job (no new
-    records) never looks the Spark connection up."""
+    records) never looks the Spark connection up.
+
+    Made once per run (the operators' ``spark_job``), it first removes the temporary directories
+    that killed runs left behind (:func:`sweep_leftover_temp_dirs`): every run, also one that
+    finds no new records and starts no job."""
 
     def __init__(self, settings: SparkJobSettings, session_scope: str = "KinesisToSparkOperator") -> None:
         self.settings = settings
         self.session_scope = session_scope
         self.runner: SparkSubmitJob | SparkConnectJob | None = None
+        sweep_leftover_temp_dirs()
 
     def _runner(self) -> SparkSubmitJob | SparkConnectJob:
         if self.runner is None:

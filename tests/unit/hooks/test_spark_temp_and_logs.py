@@ -18,6 +18,8 @@ import pytest
 from airflow_kinesis_spark.hooks import spark as spark_module
 from airflow_kinesis_spark.hooks.spark import (
     LOG4J_CONFIG,
+    SparkJob,
+    SparkJobSettings,
     TEMP_DIR_MAX_AGE,
     TEMP_DIR_OWNER_FILE,
     batch_temp_dir,
@@ -38,27 +40,43 @@ def test_the_log4j_configuration_is_shipped_and_keeps_spark_at_warn():
 
 
 def test_a_local_master_passes_the_configuration_to_the_driver_only():
-    conf, files = with_log_config({"spark.ui.enabled": "false"}, local=True, cluster_deploy_mode=False)
+    conf, files = with_log_config({"spark.ui.enabled": "false"}, master="local[*]", cluster_deploy_mode=False)
     assert conf[DRIVER] == f"-Dairflow_kinesis_spark.log.level=warn -Dlog4j2.configurationFile={log4j_config_path()}"
     assert EXECUTOR not in conf and files is None and conf["spark.ui.enabled"] == "false"
+    conf, files = with_log_config({}, master="local-cluster[2,1,512]", cluster_deploy_mode=False)  # executor JVMs here
+    assert conf[EXECUTOR] == conf[DRIVER] and files is None
 
 
-def test_a_cluster_gets_the_file_with_files_and_its_name_for_the_executors():
-    conf, files = with_log_config({DRIVER: "-XX:+UseG1GC"}, local=False, cluster_deploy_mode=False)
+def test_yarn_gets_the_file_with_files_and_its_name_for_the_jvms_it_starts():
+    conf, files = with_log_config({DRIVER: "-XX:+UseG1GC"}, master="yarn", cluster_deploy_mode=False)
     assert files == log4j_config_path()
     assert conf[DRIVER] == f"-XX:+UseG1GC -Dairflow_kinesis_spark.log.level=warn -Dlog4j2.configurationFile={files}"  # appended
     assert conf[EXECUTOR] == f"-Dairflow_kinesis_spark.log.level=warn -Dlog4j2.configurationFile={LOG4J_CONFIG}"
-    cluster, _ = with_log_config({}, local=False, cluster_deploy_mode=True)  # the driver runs where --files are put
+    cluster, _ = with_log_config({}, master="yarn", cluster_deploy_mode=True)  # the driver runs where --files are put
     assert cluster[DRIVER].endswith(f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
 
 
+@pytest.mark.parametrize("master", ["spark://10.0.0.1:7077", "k8s://https://10.0.0.1:6443"])
+def test_standalone_and_kubernetes_executors_get_the_level_from_their_start(master):
+    # Their executors fetch --files with their first task, after log4j started: the file's name
+    # would find nothing (and Spark's INFO defaults would be loaded), so they get the level alone.
+    conf, files = with_log_config({"spark.executor.extraJavaOptions": "-XX:+UseSerialGC"}, master=master, cluster_deploy_mode=False)
+    assert conf[EXECUTOR] == "-XX:+UseSerialGC -Dlog4j2.level=WARN" and files is None
+    assert conf[DRIVER].endswith(f"-Dlog4j2.configurationFile={log4j_config_path()}")  # client mode: starts here
+    cluster, files = with_log_config({"spark.log.level": "info"}, master=master, cluster_deploy_mode=True)
+    assert (cluster[DRIVER], cluster[EXECUTOR], files) == ("-Dlog4j2.level=INFO", "-Dlog4j2.level=INFO", None)
+    # ERROR would be taken by Spark for "log4j not configured" (and its INFO defaults loaded)
+    error, _ = with_log_config({"spark.log.level": "ERROR"}, master=master, cluster_deploy_mode=False)
+    assert error[EXECUTOR] == "-Dlog4j2.level=WARN"
+
+
 def test_spark_log_level_turns_sparks_info_back_on_and_an_own_configuration_wins():
-    conf, _ = with_log_config({"spark.log.level": "info"}, local=True, cluster_deploy_mode=False)
+    conf, _ = with_log_config({"spark.log.level": "info"}, master="local[*]", cluster_deploy_mode=False)
     assert "-Dairflow_kinesis_spark.log.level=info " in conf[DRIVER] and conf["spark.log.level"] == "info"
     own = {DRIVER: "-Dlog4j2.configurationFile=/etc/spark/mine.properties"}
-    assert with_log_config(own, local=False, cluster_deploy_mode=False) == (own, None)
+    assert with_log_config(own, master="yarn", cluster_deploy_mode=False) == (own, None)
     with pytest.raises(ValueError, match="'spark.log.level' must be one of ALL, DEBUG, ERROR, FATAL, INFO, OFF, TRACE, WARN; got 'LOUD'"):
-        with_log_config({"spark.log.level": "LOUD"}, local=True, cluster_deploy_mode=False)
+        with_log_config({"spark.log.level": "LOUD"}, master="local[*]", cluster_deploy_mode=False)
 
 
 @pytest.fixture
@@ -109,8 +127,9 @@ def test_a_killed_runs_directory_is_removed_by_the_next_run_and_a_live_one_is_no
         victim.wait()
         assert killed.is_dir()  # left behind
         age(live_elsewhere, 2 * TEMP_DIR_MAX_AGE)  # however old, a directory whose owner runs stays
+        SparkJob(SparkJobSettings(spark_conn_id="spark_default", kinesis_hook=None))  # the next run starts
+        assert not killed.exists()  # and removed it
         with batch_temp_dir(8) as mine:
-            assert not killed.exists()  # the next run removed it
             assert live_elsewhere.is_dir() and Path(mine).is_dir()
             assert sweep_leftover_temp_dirs() == []  # nothing of a live run
             assert Path(mine).is_dir()
