@@ -492,29 +492,31 @@ def deregister_consumer(ctx: click.Context, stream: str, consumer: str, yes: boo
 
 PACKAGE_EPILOG = """\b
 Examples:
-  # the job and its code, then to S3 for an EMR / Glue / Databricks job task
+  # the job, its code and its logging configuration, then to S3 for an EMR / Glue / Databricks job task
   kinesis-spark package build/kinesis-spark-job --json > build/kinesis-spark-job.json
   aws s3 cp build/kinesis-spark-job s3://my-bucket/kinesis-spark/0.1.0/ --recursive
 """
 
 
-@main.command(epilog=PACKAGE_EPILOG, short_help="Write the Spark job script and the package zip, for a cluster's job task.")
+@main.command(epilog=PACKAGE_EPILOG, short_help="Write the Spark job, its package zip and log4j 2 file, for a cluster's job task.")
 @click.argument("directory", type=click.Path(file_okay=False, writable=True))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def package(directory: str, as_json: bool) -> None:
-    """Write kinesis_batch.py (the Spark job) and airflow_kinesis_spark_core.zip (its Airflow-free
-    code, for --py-files) into DIRECTORY, to upload where the job task's Spark reads them (S3 for
-    EMR, Glue and Databricks). The cluster's Python also needs the job's own dependencies:
-    boto3, aws-kinesis-agg, protobuf and pyarrow (docs/platforms.md)."""
+    """Write kinesis_batch.py (the Spark job), airflow_kinesis_spark_core.zip (its Airflow-free
+    code, for --py-files) and kinesis-batch-log4j2.properties (the job's log4j 2 configuration:
+    Spark at WARN, for -Dlog4j2.configurationFile) into DIRECTORY, to upload where the job task's
+    Spark reads them (S3 for EMR, Glue and Databricks). The cluster's Python also needs the job's
+    own dependencies: boto3, aws-kinesis-agg, protobuf and pyarrow (docs/platforms.md)."""
     import shutil
 
-    from airflow_kinesis_spark.hooks.spark import core_zip, spark_script_path
+    from airflow_kinesis_spark.hooks.spark import LOG4J_CONFIG, SPARK_SCRIPT, core_zip, log4j_config_path, spark_script_path
 
     os.makedirs(directory, exist_ok=True)
-    script = shutil.copy(spark_script_path(), os.path.join(directory, "kinesis_batch.py"))
+    script = shutil.copy(spark_script_path(), os.path.join(directory, SPARK_SCRIPT))
     archive = core_zip(directory)
-    result = {"script": os.path.abspath(script), "py_files": os.path.abspath(archive)}
+    log_config = shutil.copy(log4j_config_path(), os.path.join(directory, LOG4J_CONFIG))
+    result = {"script": os.path.abspath(script), "py_files": os.path.abspath(archive), "log4j_config": os.path.abspath(log_config)}
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        click.echo(f"Spark job: {result['script']}\n--py-files: {result['py_files']}")
+        click.echo(f"Spark job: {result['script']}\n--py-files: {result['py_files']}\nlog4j 2 configuration: {result['log4j_config']}")
