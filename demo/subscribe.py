@@ -41,6 +41,13 @@ emulator's (moto's), passed through.
   event's ``ContinuationSequenceNumber`` is where to resubscribe. A subscription taken over ends
   with a ``ResourceInUseException`` exception event; one that fails upstream, or is open when the
   proxy stops, with ``InternalFailureException``.
+* **One read of the emulator for every consumer**: what the emulator's ``GetRecords`` returned
+  for a shard is kept (up to ``shared_bytes`` per shard, while a subscription to the shard is
+  open) and pushed from there to the other consumers' subscriptions that reach it, as the
+  service stores a shard once for all its consumers. The events are the same (the same records,
+  paced per consumer; ``MillisBehindLatest`` from the shard's newest record seen at the last
+  read); the emulator, one process, no longer serializes every byte once per consumer. Only
+  records known to follow a position exactly (Positions, below) are pushed from there.
 * **A closed shard's end**: once every record up to the shard's ``EndingSequenceNumber`` was
   pushed, a last event carries ``ChildShards`` (``ShardId``, ``ParentShards``, ``HashKeyRange``)
   and no ``ContinuationSequenceNumber``, and the stream ends. The ``EndingSequenceNumber`` is the
@@ -57,7 +64,9 @@ Counts (``proxy.stats``, a :class:`collections.Counter`), each also per stream a
 ``<name>:<stream>``: ``calls``, ``subscriptions``, ``events``, ``records``, ``bytes`` (data bytes
 pushed), ``refused`` (any refused call) and why: ``in_use``, ``limit_exceeded``, ``not_found``,
 ``invalid``, ``inactive``; how subscriptions ended: ``expired``, ``shard_end``, ``taken_over``,
-``closed_by_subscriber``, ``closing``, ``upstream_error``, ``internal_error``. ``FanOutProxy``
+``closed_by_subscriber``, ``closing``, ``upstream_error``, ``internal_error``; and the reads:
+``upstream_get_records`` (the emulator's GetRecords calls) and ``shared_records`` (records pushed
+from what another subscription to the shard read). ``FanOutProxy``
 counts them under these names, ``ThrottlingProxy`` under ``SubscribeToShard.<name>``.
 """
 
@@ -182,6 +191,82 @@ class _Slot:
     debt_at: float = 0.0
 
 
+@dataclass
+class _SharedShard:
+    """What the emulator returned for one shard, shared by the subscriptions open to it.
+
+    Every consumer's subscription pushes the same records, so a record is read from the emulator
+    (and its JSON parsed) once for all of them, as the service stores a shard once for every
+    consumer: ``following`` maps a sequence number to the record right after it, as an
+    emulator's ``GetRecords`` returned them in a row. Pacing stays per (consumer, shard).
+    """
+
+    #: sequence number (int) -> the record that follows it (a GetRecords record, JSON-decoded),
+    #: in the order they were read (the oldest are dropped first)
+    following: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: sequence number (int) -> the data bytes of the record that follows it
+    sizes: dict[int, int] = field(default_factory=dict)
+    data_bytes: int = 0
+    #: ``ApproximateArrivalTimestamp`` of the shard's newest record at the last read (epoch s)
+    tip: float | None = None
+    #: subscriptions open to the shard; the records are dropped when none is
+    users: int = 0
+    #: held while one subscription reads the emulator for the shard
+    reading: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, after: int | None, records: list[dict[str, Any]], sizes: list[int], millis: int, cap: int) -> None:
+        """Remember ``records`` (read in a row after sequence number ``after``; ``None``: where
+        the first one starts is not known exactly; ``millis``: the last one's
+        ``MillisBehindLatest``), keeping at most ``cap`` data bytes."""
+        arrived = records[-1].get("ApproximateArrivalTimestamp") if records else None
+        if isinstance(arrived, (int, float)):
+            self.tip = max(self.tip or 0.0, arrived + millis / 1000)
+        previous = after
+        for record, size in zip(records, sizes, strict=True):
+            if previous is not None and previous not in self.following:
+                self.following[previous] = record
+                self.sizes[previous] = size
+                self.data_bytes += size
+            previous = int(record["SequenceNumber"])
+        while self.data_bytes > cap and self.following:
+            oldest = next(iter(self.following))
+            del self.following[oldest]
+            self.data_bytes -= self.sizes.pop(oldest)
+
+    def after(self, at: int, limit: int) -> tuple[list[dict[str, Any]], list[int]]:
+        """Up to ``limit`` records known to follow sequence number ``at`` in a row, their sizes."""
+        records: list[dict[str, Any]] = []
+        sizes: list[int] = []
+        while len(records) < limit and (record := self.following.get(at)) is not None:
+            records.append(record)
+            sizes.append(self.sizes[at])
+            at = int(record["SequenceNumber"])
+        return records, sizes
+
+    def behind(self, record: dict[str, Any]) -> int:
+        """``MillisBehindLatest`` of ``record``, from the tip seen at the last read."""
+        arrived = record.get("ApproximateArrivalTimestamp")
+        if self.tip is None or not isinstance(arrived, (int, float)):
+            return 0
+        return max(0, int((self.tip - arrived) * 1000))
+
+
+@dataclass
+class _Cursor:
+    """Where one subscription reads the emulator."""
+
+    #: the emulator's shard iterator (``None``: its chain ended)
+    iterator: str | None
+    #: whether the subscription's continuation is exactly where the next record follows (not an
+    #: estimate, module doc, Positions): only then are records read for the shard pushed to it
+    exact: bool = False
+    #: whether ``iterator`` continues right after the continuation (not when records came from
+    #: what was read for the shard)
+    fresh: bool = True
+    #: the emulator's refusals in a row
+    failures: int = 0
+
+
 class _Gone(Exception):
     """The subscriber closed the connection."""
 
@@ -216,11 +301,17 @@ class ShardSubscriptions:
     :param prefix: the prefix of the names counted in ``proxy.stats``.
     """
 
+    #: Data bytes per shard kept of what the emulator returned, for the other subscriptions open
+    #: to the shard (the oldest are dropped first): consumers reading together stay well within it.
+    shared_bytes: int = 16 * MIB
+
     def __init__(self, proxy: Any, limits: SubscribeLimits | None = None, prefix: str = "") -> None:
         self.proxy = proxy
         self.limits = limits or SubscribeLimits()
         self.prefix = prefix
         self.slots: dict[tuple[str, str], _Slot] = {}
+        #: (stream, shard) -> the records read for the subscriptions open to it
+        self.shared: dict[tuple[str, str], _SharedShard] = {}
         self.closing = False
 
     def open_subscriptions(self) -> int:
@@ -451,13 +542,29 @@ class ShardSubscriptions:
     def _push(self, send: Callable[[bytes], None], slot: _Slot, subscription: _Subscription, iterator: str | None,
               position: dict[str, Any]) -> str:  # fmt: skip
         """Push events until the subscription ends; returns how it ended."""
-        stream, shard_id, auth = subscription.stream, subscription.shard_id, subscription.auth
+        key = (subscription.stream, subscription.shard_id)
+        with self.proxy.lock:
+            shared = self.shared.setdefault(key, _SharedShard())
+            shared.users += 1
+        try:
+            return self._push_events(send, slot, subscription, iterator, position, shared)
+        finally:
+            with self.proxy.lock:
+                shared.users -= 1
+                if not shared.users and self.shared.get(key) is shared:
+                    del self.shared[key]
+
+    def _push_events(self, send: Callable[[bytes], None], slot: _Slot, subscription: _Subscription, iterator: str | None,
+                     position: dict[str, Any], shared: _SharedShard) -> str:  # fmt: skip
+        stream, shard_id = subscription.stream, subscription.shard_id
         deadline = subscription.started + self.limits.subscription_seconds
         at = self._start(iterator or "", subscription, position)  # the continuation: the last sequence number passed
+        exact = (_iterator_position(iterator or "", shard_id) is not None
+                 or position["Type"] in ("AT_SEQUENCE_NUMBER", "AFTER_SEQUENCE_NUMBER"))  # fmt: skip
+        cursor = _Cursor(iterator, exact=exact)
         ending = self._ending(subscription)
         largest = 0
         caught_up = False
-        failures = 0
         while True:
             limits = self.limits
             if subscription.stop.is_set():
@@ -473,31 +580,21 @@ class ShardSubscriptions:
             closed_before = ending is not None
             ask = 100 if not largest else max(1, min(10_000, limits.event_bytes // largest))
             ask = min(ask, limits.records_per_event)
-            status, _, payload = self._upstream("GetRecords", {"ShardIterator": iterator, "Limit": ask}, auth)
-            self._count("upstream_get_records")
-            if status != 200:  # e.g. an expired iterator of the emulator's: again from where we are
-                failures += 1
-                status, _, again = self._upstream("GetShardIterator", {"StreamName": stream, "ShardId": shard_id,
-                                                  "ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "StartingSequenceNumber": at},
-                                                  auth)  # fmt: skip
-                if status != 200 or failures > 3:
-                    return "upstream_error"
-                iterator = json.loads(again)["ShardIterator"]
-                continue
-            failures = 0
-            page = json.loads(payload)
-            records = page.get("Records", [])
-            iterator = page.get("NextShardIterator")
+            read = self._read(subscription, shared, cursor, at, ask)
+            if isinstance(read, str):
+                if read == "retry":
+                    continue
+                return read  # upstream_error
+            records, sizes, millis = read
             if ending is not None:
                 within = [r for r in records if int(r["SequenceNumber"]) <= ending]
                 at_end = len(within) < len(records) or bool(within and int(within[-1]["SequenceNumber"]) >= ending)
-                records = within
+                records, sizes = within, sizes[: len(within)]
             else:
                 at_end = False
-            at_end = at_end or iterator is None or (closed_before and not records)
-            millis = int(page.get("MillisBehindLatest") or 0)
+            at_end = at_end or cursor.iterator is None or (closed_before and not records)
             if not records and not at_end:
-                if (from_iterator := _iterator_position(iterator or "", shard_id)) is not None and int(from_iterator) > int(at):
+                if (from_iterator := _iterator_position(cursor.iterator or "", shard_id)) is not None and int(from_iterator) > int(at):
                     at = from_iterator  # the emulator moved on without records (never on moto)
                 self._count("events", stream)
                 empty = {"Records": [], "MillisBehindLatest": millis, "ContinuationSequenceNumber": at}
@@ -506,7 +603,6 @@ class ShardSubscriptions:
                 self._wait(subscription, limits.poll_seconds, deadline)  # if it ended, the loop's head tells why
                 continue
             caught_up = False
-            sizes = [_data_bytes(r) for r in records]
             largest = max([largest, *sizes])
             newest = records[-1].get("ApproximateArrivalTimestamp") if records else None
             events = self._split(records, sizes)
@@ -535,6 +631,70 @@ class ShardSubscriptions:
                 at = chunk[-1]["SequenceNumber"]
                 if last:
                     return "shard_end"
+
+    def _read(self, subscription: _Subscription, shared: _SharedShard, cursor: _Cursor, at: str,
+              limit: int) -> tuple[list[dict[str, Any]], list[int], int] | str:  # fmt: skip
+        """The next records after ``at`` (at most ``limit``): from what was read for the shard
+        already, else from the emulator (one read at a time per shard: a subscription that
+        reaches the same records meanwhile waits for that read and takes them from it).
+
+        :returns: ``(records, their data bytes, MillisBehindLatest)``, or ``"retry"`` (the
+            emulator refused the call: its iterator is renewed), or ``"upstream_error"``.
+        """
+        stream, auth = subscription.stream, subscription.auth
+        read = self._from_shared(shared, stream, at, limit, cursor.exact)
+        if read[0]:
+            cursor.fresh = False
+            return read
+        with shared.reading:
+            read = self._from_shared(shared, stream, at, limit, cursor.exact)
+            if read[0]:
+                cursor.fresh = False
+                return read
+            if not cursor.fresh:  # the emulator's iterator is behind: continue from ``at``
+                status, _, again = self._iterator_after(subscription, at)
+                if status != 200:
+                    return "upstream_error"
+                cursor.iterator, cursor.fresh = json.loads(again)["ShardIterator"], True
+            status, _, payload = self._upstream("GetRecords", {"ShardIterator": cursor.iterator, "Limit": limit}, auth)
+            self._count("upstream_get_records", stream)
+            if status != 200:  # e.g. an expired iterator of the emulator's: again from where we are
+                cursor.failures += 1
+                status, _, again = self._iterator_after(subscription, at)
+                if status != 200 or cursor.failures > 3:
+                    return "upstream_error"
+                cursor.iterator = json.loads(again)["ShardIterator"]
+                return "retry"
+            cursor.failures = 0
+            page = json.loads(payload)
+            records = page.get("Records", [])
+            cursor.iterator = page.get("NextShardIterator")
+            millis = int(page.get("MillisBehindLatest") or 0)
+            sizes = [_data_bytes(r) for r in records]
+            if records:
+                with self.proxy.lock:
+                    shared.add(int(at) if cursor.exact else None, records, sizes, millis, self.shared_bytes)
+                cursor.exact = True  # from here on ``at`` is a record's own sequence number
+            return records, sizes, millis
+
+    def _from_shared(self, shared: _SharedShard, stream: str, at: str, limit: int,
+                     exact: bool) -> tuple[list[dict[str, Any]], list[int], int]:  # fmt: skip
+        """Up to ``limit`` records read (by any subscription) right after ``at``, none unless
+        ``exact``: the records, their data bytes, and the last one's ``MillisBehindLatest``."""
+        if not exact:
+            return [], [], 0
+        with self.proxy.lock:
+            records, sizes = shared.after(int(at), limit)
+            millis = shared.behind(records[-1]) if records else 0
+        if records:
+            self._count("shared_records", stream, len(records))
+        return records, sizes, millis
+
+    def _iterator_after(self, subscription: _Subscription, at: str) -> tuple[int, list[tuple[str, str]], bytes]:
+        """The emulator's ``GetShardIterator`` answer for just after sequence number ``at``."""
+        return self._upstream("GetShardIterator", {"StreamName": subscription.stream, "ShardId": subscription.shard_id,
+                                                   "ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "StartingSequenceNumber": at},
+                              subscription.auth)  # fmt: skip
 
     def _split(self, records: list[dict[str, Any]], sizes: list[int]) -> list[tuple[list[dict[str, Any]], int]]:
         """The records in events of at most ``event_bytes`` data bytes (at least one record)."""

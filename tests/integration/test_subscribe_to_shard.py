@@ -314,3 +314,47 @@ def test_pushing_is_paced_to_2_mib_per_second_per_consumer_and_shard(kinesis, mo
         assert elapsed >= 0.9 * (total - sizes[0]) / (2 * MIB), (elapsed, sizes)
         assert arrivals[0] - started < elapsed - 1.0  # and events arrive while the rest is paced
         assert proxy.stats[f"SubscribeToShard.bytes:{stream}"] == total
+
+
+def test_consumers_reading_one_shard_at_once_get_it_all_from_one_read_of_the_emulator(kinesis, moto_endpoint, stream):
+    create_stream(kinesis, stream, 1)
+    blob = bytes(range(256)) * 120  # 30 KiB
+    put_plain(kinesis, stream, [(f"k{i}", blob + b"%d" % i) for i in range(20)])
+    shard_id = only_shard(kinesis, stream)
+    expected = polled(kinesis, stream, shard_id)
+    total = sum(len(r["Data"]) for r in expected)
+    # ~600 KB at 300 KB/s per consumer, in events of at most 60 KB: about 2 s each, side by side
+    limits = KinesisLimits(subscription_seconds=30, subscribe_bytes_per_second=300_000, subscribe_event_bytes=60_000)
+    with ThrottlingProxy(moto_endpoint, limits) as proxy:
+        c = client(proxy.endpoint)
+        arns = [register(c, stream, f"team-{i}") for i in range(3)]
+        got: dict[str, list[dict]] = {arn: [] for arn in arns}
+        took: dict[str, float] = {}
+
+        def read(arn: str) -> None:
+            started = time.monotonic()
+            response = c.subscribe_to_shard(ConsumerARN=arn, ShardId=shard_id, StartingPosition={"Type": "TRIM_HORIZON"})
+            for event in response["EventStream"]:
+                got[arn] += event["SubscribeToShardEvent"]["Records"]
+                if len(got[arn]) >= len(expected):
+                    break
+            took[arn] = time.monotonic() - started
+            response["EventStream"].close()
+
+        threads = [threading.Thread(target=read, args=(arn,), daemon=True) for arn in arns]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        for arn in arns:
+            assert got[arn] == expected  # every consumer: every record, once, in order, as GetRecords returns it
+            # paced per consumer, not shared: each took about total / rate, not three times that
+            assert 0.9 * (total - 60_000) / 300_000 <= took[arn] < 3 * total / 300_000, took
+        # Each record was read from the emulator once and pushed to the two other consumers from that read.
+        assert proxy.stats[f"SubscribeToShard.shared_records:{stream}"] == 2 * len(expected)
+        assert proxy.stats[f"SubscribeToShard.records:{stream}"] == 3 * len(expected)
+        deadline = time.monotonic() + 10  # the proxy sees the subscribers go at its next event or check
+        while proxy.subscriptions.open_subscriptions() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.subscriptions.open_subscriptions() == 0
+        assert proxy.subscriptions.shared == {}  # what was read is dropped with the last subscription
