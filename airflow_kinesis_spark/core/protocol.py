@@ -352,8 +352,9 @@ def prepare_incremental(
        positions are checked against the trim horizon, ``owner`` takes it over (once its
        holder's lease expired) and, if its report is recorded already, commits it without a job.
     2. Otherwise plan from the committed checkpoints and the shard lineage, check the trim
-       horizon, and probe every range (``Limit`` 1). No record in any range: no job; commit
-       only when a checkpoint must be recorded (see :func:`_commit_without_records`).
+       horizon, and probe the ranges (``Limit`` 1) up to the first one with a user record
+       (the job reads every range then). No record in any range (every range probed): no job;
+       commit only when a checkpoint must be recorded (see :func:`_commit_without_records`).
     3. Persist the plan (``begin``): the batch is pending, held by ``owner``.
 
     :returns: a :class:`PreparedBatch`; its ``summary`` is set when no job is needed.
@@ -387,9 +388,10 @@ def prepare_incremental(
     if not plan.ranges:
         log.info("No shard to read: every shard is at SHARD_END or waiting for its parents (%s)", dict(plan.waiting))
         return PreparedBatch(summary=incremental_summary(plan, [], plan.checkpoints, "no_new_records", reused=False, sink=settings.sink))
-    probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
-    log_probes(probes)
-    if not any(r.records or r.quarantined for r in probes):
+    # Up to the first user record: the job then reads every range, and the other probes would tell nothing more.
+    probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval, until_record=True)
+    log_probes(probes, len(plan.ranges))
+    if not any(r.records or r.quarantined for r in probes):  # no record: every range was probed
         return PreparedBatch(summary=_commit_without_records(kinesis, store, plan, probes, owner, settings))
     plan = _for_job(kinesis, plan, settings)
     store.begin(plan, owner)
@@ -915,8 +917,8 @@ def run_window(
     """Read the window ``[start, end)`` of a stream by arrival time (backfill); checkpoints untouched.
 
     Every shard that may have been open during the window is planned (closed ones included),
-    cut into time slices; every (shard, slice) range is probed, and the job runs only when a
-    probe found a record. The same window gives the same rows: its output location is derived
+    cut into time slices; the (shard, slice) ranges are probed up to the first one with a user
+    record, and the job runs only when a probe found a record (it then reads every range). The same window gives the same rows: its output location is derived
     from the window and overwritten on re-run.
 
     With a ``store`` and a :class:`HandedBatchJob`, the plan goes to the job through the store
@@ -956,9 +958,9 @@ def run_window(
     _check_consumer_type(settings.consumer_type)
     log.info("Window [%s, %s): %d shards x %d time slices, output %s",
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
-    probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval)
-    log_probes(probes)
-    found = any(r.records or r.quarantined for r in probes)
+    probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval, until_record=True)
+    log_probes(probes, len(plan.ranges))
+    found = any(r.records or r.quarantined for r in probes)  # else every range was probed: the probes are the reports
     plan = _for_job(kinesis, plan, settings) if found else plan
     if found and store is not None and hands_off(job):
         reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes))  # type: ignore[arg-type]

@@ -872,19 +872,38 @@ def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader
 DEFAULT_POOL_CONNECTIONS = 10
 
 
-def probe_ranges(client: Any, stream_name: str, ranges: Sequence[ShardRange], **reader_kwargs: Any) -> list[ShardReport]:
+def probe_ranges(
+    client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False, **reader_kwargs: Any
+) -> list[ShardReport]:
     """Probe every range (see :func:`probe_reader`) in parallel threads; reports in ``ranges``' order.
 
     The threads share ``client``; there are at most as many as the client pools HTTP connections
     (botocore's ``max_pool_connections``, default 10), so no connection is opened and discarded
     ("Connection pool is full") however many shards the stream has.
+
+    :param until_record: stop at the first probe that finds a user record: a batch's job reads
+        every planned range once any range has a record, so the other probes would tell nothing
+        more (each costs ``GetShardIterator`` and ``GetRecords``). Ranges whose probe had not
+        started by then are not probed and have no report: the list then holds fewer reports
+        than ``ranges`` (still in their order). A probe that finds only quarantined records does
+        not stop the others. Without a user record in any range every range is probed.
     """
     if not ranges:
         return []
     config = getattr(getattr(client, "meta", None), "config", None)
     pool_size = getattr(config, "max_pool_connections", None) or DEFAULT_POOL_CONNECTIONS
+    found = threading.Event()
+
+    def probe(rng: ShardRange) -> ShardReport | None:
+        if found.is_set():
+            return None
+        report = probe_range(client, stream_name, rng, **reader_kwargs)
+        if until_record and report.records:
+            found.set()
+        return report
+
     with ThreadPoolExecutor(max_workers=max(1, min(pool_size, len(ranges)))) as pool:
-        return list(pool.map(lambda rng: probe_range(client, stream_name, rng, **reader_kwargs), ranges))
+        return [r for r in pool.map(probe, ranges) if r is not None]
 
 
 #: Shard ids a log line lists before it says how many more there are.
@@ -898,19 +917,25 @@ def _shard_list(shard_ids: Sequence[str]) -> str:
     return ", ".join(ids[:LOGGED_SHARD_IDS]) + (f" and {more} more" if more > 0 else "")
 
 
-def log_probes(reports: Sequence[ShardReport]) -> None:
+def log_probes(reports: Sequence[ShardReport], planned: int | None = None) -> None:
     """One INFO line for a batch's or a window's probes (:func:`probe_ranges`; logged by
     ``core.protocol``): which ranges have a record to read and which have none, with the rule that
     ended each empty probe (``cutoff``, ``caught_up``, ``shard_end``). A probe reads at most one
-    Kinesis record; it is not the batch's read."""
+    Kinesis record; it is not the batch's read.
+
+    :param planned: the number of planned ranges, when the probes stopped at the first record
+        (``probe_ranges(until_record=True)``): the line then says how many were not probed.
+    """
     found = [r.shard_id for r in reports if r.records or r.quarantined]
     empty: dict[str, list[str]] = {}
     for r in reports:
         if not (r.records or r.quarantined):
             empty.setdefault(r.stop_reason, []).append(r.shard_id)
     nothing = "; ".join(f"{reason}: {_shard_list(ids)}" for reason, ids in sorted(empty.items()))
+    skipped = (planned or 0) - len(reports)
     log.info(
-        "Probed %d shard ranges (a first record each, GetRecords Limit 1): records to read in %d%s, nothing to read in %d%s",
-        len(reports), len(found), f" ({_shard_list(found)})" if found else "",
+        "Probed %d%s shard ranges (a first record each, GetRecords Limit 1): records to read in %d%s, nothing to read in %d%s%s",
+        len(reports), f" of {planned}" if skipped > 0 else "", len(found), f" ({_shard_list(found)})" if found else "",
         len(reports) - len(found), f" ({nothing})" if nothing else "",
+        f"; {skipped} not probed (a record was found: the job reads every range)" if skipped > 0 else "",
     )  # fmt: skip

@@ -8,14 +8,18 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
+import boto3
 import pytest
-from tests.helpers import checkpoints_after, make_plan, open_shards, reports_for
+from botocore.config import Config
+from tests.helpers import checkpoints_after, make_plan, open_shards, read_plan, reports_for
 
 from airflow_kinesis_spark.core.protocol import IncrementalSettings, run_incremental
+from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
-from tests.conftest import aws_connection, create_stream
+from demo.producer import put_plain
+from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, aws_connection, create_stream
 
 pytestmark = pytest.mark.integration
 
@@ -116,3 +120,51 @@ def test_a_plan_and_the_checkpoints_of_1000_shards_are_chunked_within_the_item_l
     assert reader.committed_plan() == plan
     assert reader.committed_report() == reports
     assert reader.committed_checkpoints() == checkpoints
+
+
+class CountingReaderJob:
+    """Reads every planned range in this process (``tests.helpers.read_plan``) and notes how many
+    ``GetShardIterator`` calls the run had made before it started: the probes' calls."""
+
+    def __init__(self, kinesis: Any, calls: dict[str, int]) -> None:
+        self.kinesis, self.calls = kinesis, calls
+        self.probe_iterators: int | None = None
+
+    def run(self, plan: Any, *, records_expected: bool) -> list:
+        self.probe_iterators = self.calls["GetShardIterator"]
+        assert records_expected
+        return read_plan(self.kinesis, plan)[1]
+
+    def kill(self) -> None:
+        pass
+
+
+def test_a_batch_probes_only_until_the_first_record_and_the_job_reads_every_range(moto_endpoint, dynamodb, unique_name, caplog):
+    """A batch's probes stop at the first range with a user record (the job reads every planned
+    range anyway): with a Kinesis client pooling 2 connections (2 probe threads) and records in
+    all 16 shards, 2 ranges are probed instead of 16, and the batch still reads every record."""
+    kinesis = boto3.client("kinesis", endpoint_url=moto_endpoint, region_name=REGION, aws_access_key_id=TEST_ACCESS_KEY,
+                           aws_secret_access_key=TEST_SECRET_KEY, config=Config(max_pool_connections=2))  # fmt: skip
+    calls = {"GetShardIterator": 0}
+
+    def count(**kwargs: Any) -> None:
+        calls["GetShardIterator"] += 1
+
+    kinesis.meta.events.register("before-call.kinesis.GetShardIterator", count)
+    create_stream(kinesis, unique_name, 16)
+    shards = list_shards(kinesis, unique_name)
+    produced = put_plain(kinesis, unique_name, [(f"k{i}", f"v{i}".encode()) for i in range(400)])
+    assert {p.shard_id for p in produced} == {s.shard_id for s in shards}  # a record in every shard
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    store.ensure_table()
+    job = CountingReaderJob(kinesis, calls)
+    caplog.set_level(logging.INFO, logger="airflow_kinesis_spark.core.reader")
+    settings = IncrementalSettings(stream_name=unique_name, consumer_name="lake", output_root="mem://out",
+                                   cutoff=datetime.now(timezone.utc), min_call_interval=0.0)  # fmt: skip
+
+    summary = run_incremental(kinesis, store, job, settings, "run-1")
+
+    assert job.probe_iterators == 2, job.probe_iterators  # one probe per thread, then none
+    assert summary["status"] == "committed" and summary["records"] == 400 and len(summary["shards"]) == 16
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Probed ")]
+    assert line.startswith("Probed 2 of 16 shard ranges") and line.endswith("; 14 not probed (a record was found: the job reads every range)"), line
