@@ -253,7 +253,9 @@ def _memory(n: int, results: dict[str, Any]) -> list[str]:
         "repeat. Reads are streamed (`mapInArrow`, at most two GetRecords pages per shard waiting), and only the "
         "per-shard reports reach the driver. A batch's memory follows the per-shard cap, so a larger backlog "
         "takes more batches, not more memory. The same backlogs read in one uncapped batch each are in the "
-        "second table.",
+        "second table. PSS divides a page of a file that several processes map (the JVM's libraries, Spark's "
+        "jars) among them, so other JVMs running on the machine at the same time lower a job's figure a little: "
+        "compare runs made on an otherwise idle machine.",
         "",
         _row("backlog (MiB)", "records", "batches", "peak total, max (MiB)", "peak total per repeat (MiB)", "JVM, max (MiB)",
              "heap in use after GC, max (MiB)", "Python, driver + workers, max (MiB)", "wall time, median (s)"),  # fmt: skip
@@ -266,7 +268,10 @@ def _memory(n: int, results: dict[str, Any]) -> list[str]:
         ],
         "",
         f"Ratio of the peaks: **{h['peak_memory_ratio']}** for a {capped[1]['backlog_mib'] / capped[0]['backlog_mib']:.1f}x "
-        "larger backlog.",
+        "larger backlog." + (
+            f" The heap in use after GC, max: {capped[0]['heap_after_gc_mib']:.0f} and {capped[1]['heap_after_gc_mib']:.0f} MiB "
+            f"(inside the fixed {m['heap']} heap, so it does not move the peaks)."
+            if capped[0].get("heap_after_gc_mib") and capped[1].get("heap_after_gc_mib") else ""),
         "",
         "One uncapped batch per backlog (no `max_bytes_per_shard`; one run each):",
         "",
