@@ -56,6 +56,8 @@ __all__ = ["run_freshness", "freshness_section", "freshness_targets", "TARGET_P5
 #: The issue's targets (seconds).
 TARGET_P50_S = 15.0
 TARGET_P95_S = 30.0
+#: Seconds the Spark Connect server has to start listening.
+CONNECT_START_TIMEOUT = 300.0
 DAG_ID = "kinesis_event_driven"
 TASK_ID = "ingest_backlog"
 CONSUMER = "freshness"
@@ -132,7 +134,8 @@ def _stack(work: Path, settings: dict[str, str]) -> Iterator[tuple[Any, str]]:
         shutil.copytree(ROOT / name, snapshot / name, ignore=shutil.ignore_patterns("__pycache__"))
     with ExitStack() as stack:
         moto = stack.enter_context(moto_server())
-        connect = stack.enter_context(spark_connect_server(cores=2))
+        # A JVM start takes minutes on a loaded machine (2 cores shared): more than the default 120 s.
+        connect = stack.enter_context(spark_connect_server(cores=2, timeout=CONNECT_START_TIMEOUT))
         (work / "logs").mkdir(parents=True, exist_ok=True)
         pg = stack.enter_context(postgres_server(work / "logs"))
         dags = work / "dags"
