@@ -39,6 +39,7 @@ from botocore.exceptions import HTTPClientError
 from aws_kinesis_agg import messages_pb2
 
 from airflow_kinesis_spark.core.names import stream_params
+from airflow_kinesis_spark.core.pool import pool_threads
 from airflow_kinesis_spark.core.positions import ExtendedSequenceNumber, to_utc
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.exceptions import CorruptAggregateError
@@ -868,10 +869,6 @@ def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader
     return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]
 
 
-#: Probe threads when the client does not say how many connections it pools (botocore's default).
-DEFAULT_POOL_CONNECTIONS = 10
-
-
 def probe_ranges(
     client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False, **reader_kwargs: Any
 ) -> list[ShardReport]:
@@ -890,8 +887,6 @@ def probe_ranges(
     """
     if not ranges:
         return []
-    config = getattr(getattr(client, "meta", None), "config", None)
-    pool_size = getattr(config, "max_pool_connections", None) or DEFAULT_POOL_CONNECTIONS
     found = threading.Event()
 
     def probe(rng: ShardRange) -> ShardReport | None:
@@ -902,7 +897,7 @@ def probe_ranges(
             found.set()
         return report
 
-    with ThreadPoolExecutor(max_workers=max(1, min(pool_size, len(ranges)))) as pool:
+    with ThreadPoolExecutor(max_workers=pool_threads(client, len(ranges))) as pool:
         return [r for r in pool.map(probe, ranges) if r is not None]
 
 

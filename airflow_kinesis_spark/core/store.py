@@ -53,6 +53,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -62,6 +63,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from airflow_kinesis_spark.core.names import stream_name_of, validate_table_name
 from airflow_kinesis_spark.core.planner import BatchPlan
+from airflow_kinesis_spark.core.pool import pool_threads
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
 from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.exceptions import (
@@ -1063,7 +1065,15 @@ class DynamoDBCheckpointStore:
         return marked
 
     def _mirror_leases(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]) -> None:
-        """Write the per-shard KCL-style items of the planned shards. Best effort: never raises."""
+        """Write the per-shard KCL-style items of the planned shards. Best effort: never raises.
+
+        One conditional ``PutItem`` per item (it holds no later batch: the mirror only moves
+        forward), on as many threads as the client pools connections (``core.pool``): hundreds
+        of shards take a few round trips, not one each. (``BatchWriteItem`` takes no condition;
+        ``TransactWriteItems`` would make one refused condition, e.g. a retried commit's, refuse
+        the whole call.)
+        """
+        puts = []
         for shard_id in sorted({r.shard_id for r in plan.ranges}):
             checkpoint = checkpoints.get(shard_id)
             if checkpoint is None:  # not among the batch's checkpoints (e.g. retired): nothing to mirror
@@ -1079,6 +1089,9 @@ class DynamoDBCheckpointStore:
             }
             if checkpoint.timestamp is not None:
                 item["checkpointTimestamp"] = {"S": format_timestamp(checkpoint.timestamp)}
+            puts.append(item)
+
+        def put(item: dict[str, Any]) -> None:
             try:
                 self.client.put_item(
                     TableName=self.table_name,
@@ -1089,4 +1102,11 @@ class DynamoDBCheckpointStore:
             except self.client.exceptions.ConditionalCheckFailedException:
                 pass  # already at this batch or a later one (a retried request)
             except Exception as err:  # noqa: BLE001 - the mirror is derived data
-                log.warning("could not update the KCL-style lease mirror of %s: %s", shard_id, err)
+                log.warning("could not update the KCL-style lease mirror of %s: %s", item["leaseKey"]["S"], err)
+
+        if len(puts) <= 1:
+            for item in puts:
+                put(item)
+            return
+        with ThreadPoolExecutor(max_workers=pool_threads(self.client, len(puts))) as pool:
+            list(pool.map(put, puts))
