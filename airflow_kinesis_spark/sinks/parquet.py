@@ -95,9 +95,12 @@ class ParquetSink(Sink):
 
     def repair(self, store: Any, head: Any) -> None:
         """Write the committed record of the last committed batch when a crash after its
-        checkpoint commit left it unwritten (one existence check per run)."""
+        checkpoint commit left it unwritten (one existence check per run; none after a batch
+        committed without a job's report: it had no records, so it has no committed record)."""
         batch_id = head.committed_batch_id
-        if not batch_id or exists(committed_record_location(self.output_root, batch_id), self.storage_options):
+        if not batch_id or head.committed_report_owner is None:
+            return
+        if exists(committed_record_location(self.output_root, batch_id), self.storage_options):
             return
         plan = store.committed_plan(head)
         reports = store.committed_report(head) or []

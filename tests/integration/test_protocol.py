@@ -367,6 +367,24 @@ def test_a_run_reads_the_head_item_once(kinesis, dynamodb, store, unique_name):
     assert idle["status"] == "no_new_records" and reads == ["HEAD"]
 
 
+def test_an_idle_run_after_a_commit_without_records_reads_only_the_checkpoints(kinesis, dynamodb, store, unique_name, tmp_path):
+    """After a batch committed without records (a new shard's start recorded, an idle refresh),
+    the Parquet sink's repair has nothing to write (such a batch has no committed record), so an
+    idle run's one ``Query`` is the committed checkpoints': not the committed plan and report too."""
+    from airflow_kinesis_spark.sinks.parquet import ParquetSink
+
+    create_stream(kinesis, unique_name, 4)
+    out = str(tmp_path / "out")
+    first = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name, sink=ParquetSink(out), output_root=out), "run-1")
+    assert first["status"] == "committed_without_records"
+    queried: list[str] = []
+    dynamodb.meta.events.register("before-parameter-build.dynamodb.Query",
+                                  lambda params, **_: queried.append(params["ExpressionAttributeValues"][":prefix"]["S"]))  # fmt: skip
+    idle = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name, sink=ParquetSink(out), output_root=out), "run-2")
+    assert idle["status"] == "no_new_records"
+    assert [q.split("#")[2] for q in queried] == ["CKPT"], queried
+
+
 def test_a_run_without_new_records_derives_no_output_spec_and_registers_no_stream_consumer(kinesis, store, unique_name, tmp_path):
     """The output spec (with a target file size: a catalog call) and the stream consumer (efo:
     DescribeStreamConsumer, or registering it) are resolved only for a plan that is persisted."""
