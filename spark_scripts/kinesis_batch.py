@@ -380,12 +380,21 @@ def _observed(df: Any, name: str) -> tuple[Any, Any]:
 
 
 def _observed_reports(observation: Any, data: Any, name: str) -> list[str]:
-    """The report rows an action on ``data`` observed."""
+    """The report rows an action on ``data`` observed.
+
+    :raises RuntimeError: the metric's plan node was optimized away (classic), or the action's
+        metrics did not come back; :raises TypeError: the metric is not one JSON string.
+    """
     jdf = getattr(data, "_jdf", None)
     if jdf is not None and f"CollectMetrics {name}" not in jdf.queryExecution().optimizedPlan().toString():
         # Classic Spark waits forever for a metric whose plan node the optimizer removed.
         raise RuntimeError("the transform's result does not depend on the records read; no report was observed")
-    value = observation.get["reports"]
+    metrics = observation.get
+    if "reports" not in metrics:
+        # Seen once over Spark Connect on a loaded machine (a write that succeeded, no metrics back).
+        raise RuntimeError(f"observed metric {name}: the report rows of the batch's ranges did not reach the driver "
+                           f"(metrics received: {', '.join(sorted(metrics)) or 'none'}); nothing is committed")
+    value = metrics["reports"]
     if not isinstance(value, str):
         raise TypeError(f"observed metric {name}: expected the report rows as one JSON string, got {type(value).__name__}")
     return list(json.loads(value))
