@@ -369,7 +369,7 @@ def section_scale(b: Bench) -> dict[str, Any]:
     emulator = next((p for p in psutil.Process().children(recursive=True) if "moto_server" in " ".join(p.cmdline())), None)
     return run_scale(b.kinesis, ingest, new_stream, b.lines, b.work, shard_counts=b.args.scale_shards,
                      records_per_shard=b.args.scale_records_per_shard, repeat=b.args.scale_repeat, log=b.log,
-                     emulator=emulator)  # fmt: skip
+                     emulator=emulator, proxy_stats=b.throttled.stats)  # fmt: skip
 
 
 def _ingest_in_process(start: Any, results: Any, stream: str, output: str, connect: str, consumer: str,

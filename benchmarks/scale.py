@@ -23,10 +23,12 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import botocore.client
 import psutil
 
 from benchmarks.workload import load_backlog
@@ -49,6 +51,41 @@ class _PoolWarnings(logging.Handler):
             self.count += 1
 
 
+class _CallCounter:
+    """Counts the AWS API calls this process makes (every botocore client: the operator's probes,
+    listing and checkpoint store), by ``service.Operation``, while it is entered. The Spark job's
+    calls are made by Spark's Python workers, other processes: not counted here."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._original: Any = None
+
+    def __enter__(self) -> _CallCounter:
+        original = self._original = botocore.client.BaseClient._make_api_call
+        counts = self.counts
+
+        def counted(client: Any, operation: str, params: Any) -> Any:
+            counts[f"{client.meta.service_model.service_name}.{operation}"] += 1
+            return original(client, operation, params)
+
+        botocore.client.BaseClient._make_api_call = counted  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        botocore.client.BaseClient._make_api_call = self._original  # type: ignore[method-assign]
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last take, sorted by name; resets them."""
+        taken = dict(sorted(self.counts.items()))
+        self.counts.clear()
+        return taken
+
+
+def _kinesis_reads(stats: Mapping[str, int] | None) -> int:
+    """``GetShardIterator`` plus ``GetRecords`` calls the limits proxy served so far (0 without it)."""
+    return (stats.get("GetShardIterator", 0) + stats.get("GetRecords", 0)) if stats is not None else 0
+
+
 def _cpu(process: psutil.Process | None) -> float:
     """User + system CPU seconds of ``process`` so far (0 without one)."""
     if process is None:
@@ -69,6 +106,7 @@ def run_scale(
     repeat: int = 3,
     log: Callable[[str], None] = print,
     emulator: psutil.Process | None = None,
+    proxy_stats: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Measure the no-data run and the warm small batch at each shard count (see the module doc).
 
@@ -81,15 +119,21 @@ def run_scale(
     :param repeat: measured runs of each kind per shard count (median).
     :param emulator: the emulator's process: its CPU time (user + system, seconds) during each
         no-data run is recorded (``no_data_emulator_cpu``), what the emulator itself costs.
+    :param proxy_stats: the limits proxy's counts (``ThrottlingProxy.stats``): the Kinesis reads
+        (``GetShardIterator`` + ``GetRecords``) it served during each small batch, the Spark job's
+        included (``small_kinesis_reads``).
     :returns: ``{"records_per_shard", "repeat", "runs": {shards: {"no_data": [s], "small": [s],
-        "records": [n]}}, "median_s": {shards: {"no_data": s, "small": s}}, "pool_full_warnings": n}``
-        (shard counts as strings: JSON keys).
+        "records": [n], "no_data_calls": [{service.Operation: n}], "small_calls": [...],
+        "small_kinesis_reads": [n]}}, "median_s": {shards: {"no_data": s, "small": s}},
+        "pool_full_warnings": n}`` (shard counts as strings: JSON keys); ``*_calls``: the API calls
+        this process made during each run (the operator's; not the Spark job's).
     :raises SystemExit: a run did not end as expected (a no-data run that committed, a small
         batch that read another number of records than were put).
     """
     pool = _PoolWarnings()
     logging.getLogger("urllib3").addHandler(pool)
-    runs: dict[str, dict[str, list[float]]] = {}
+    runs: dict[str, dict[str, list[Any]]] = {}
+    calls = _CallCounter()
     try:
         for shards in shard_counts:
             stream = f"bench-scale-{shards}"
@@ -100,23 +144,31 @@ def run_scale(
             load_backlog(kinesis, stream, 0, lines, user_records=shards * records_per_shard)
             ingest(stream, out, connect=True)  # the session's first batch of this stream; not measured
             log(f"scale {shards} shards: ready in {time.monotonic() - started:.1f}s")
-            figures: dict[str, list[float]] = {"no_data": [], "no_data_emulator_cpu": [], "small": [], "records": []}
+            figures: dict[str, list[Any]] = {"no_data": [], "no_data_emulator_cpu": [], "small": [], "records": [],
+                                             "no_data_calls": [], "small_calls": [], "small_kinesis_reads": []}  # fmt: skip
             for _ in range(repeat):
                 cpu = _cpu(emulator)
-                summary, wall = ingest(stream, out)
+                with calls:
+                    summary, wall = ingest(stream, out)
                 figures["no_data_emulator_cpu"].append(_cpu(emulator) - cpu)
+                figures["no_data_calls"].append(calls.take())
                 if summary.get("status") != "no_new_records":
                     raise SystemExit(f"scale {shards}: a run without new records ended {summary.get('status')!r}")
                 figures["no_data"].append(wall)
                 loaded = load_backlog(kinesis, stream, 0, lines, user_records=shards * records_per_shard)
-                summary, wall = ingest(stream, out, connect=True)
+                reads = _kinesis_reads(proxy_stats)
+                with calls:
+                    summary, wall = ingest(stream, out, connect=True)
+                figures["small_calls"].append(calls.take())
+                figures["small_kinesis_reads"].append(_kinesis_reads(proxy_stats) - reads)
                 if summary.get("status") != "committed" or summary.get("records") != loaded["user_records"]:
                     raise SystemExit(f"scale {shards}: the small batch ended {summary.get('status')!r} with "
                                      f"{summary.get('records')} records, {loaded['user_records']} were put")  # fmt: skip
                 figures["small"].append(wall)
                 figures["records"].append(loaded["user_records"])
             runs[str(shards)] = figures
-            log(f"scale {shards} shards: {figures}")
+            log(f"scale {shards} shards: { {k: v for k, v in figures.items() if not k.endswith('_calls')} }; "
+                f"calls of the operator, no-data run: {figures['no_data_calls'][-1]}; small batch: {figures['small_calls'][-1]}")
     finally:
         logging.getLogger("urllib3").removeHandler(pool)
     return {
@@ -160,17 +212,44 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
             f"{statistics.median(figures.get('no_data_emulator_cpu') or [0.0]):.2f} | {medians['small']:.2f} | {', '.join(f'{x:.2f}' for x in figures['small'])} | "
             f"{statistics.median(figures['records']):,.0f} |"
         )
+    calls_rows = [
+        "| shards | no-data run: the operator's calls, Kinesis / DynamoDB | small batch: the operator's calls, Kinesis / "
+        "DynamoDB | small batch: Kinesis reads, the Spark job's included |",
+        "| --- | --- | --- | --- |",
+    ]
+    for shards, figures in sorted(scale["runs"].items(), key=lambda kv: int(kv[0])):
+        if not figures.get("no_data_calls"):
+            continue
+        cells = []
+        for kind in ("no_data_calls", "small_calls"):
+            last = figures[kind][-1]
+            cells.append(" / ".join(str(sum(n for k, n in last.items() if k.startswith(f"{service}."))) for service in ("kinesis", "dynamodb")))
+        reads = figures.get("small_kinesis_reads") or [0]
+        calls_rows.append(f"| {shards} | {cells[0]} | {cells[1]} | {reads[-1]} |")
+    calls_part = [
+        "",
+        "API calls of the last run of each kind (counted in the operator's process: probes, shard listing, checkpoint "
+        "store, the connection checks; the per-operation counts are in the raw results, `no_data_calls` and "
+        "`small_calls`), and the `GetShardIterator` + `GetRecords` calls the limits proxy served during the small "
+        "batch, the Spark job's reads included:",
+        "",
+        *calls_rows,
+    ] if len(calls_rows) > 2 else []
     return [
         f"The same stream shape at several shard counts, each on a fresh stream behind the limits proxy; median of "
         f"{scale['repeat']} runs each. A no-data run lists the shards, reads the checkpoints, plans and probes every "
         "shard (`GetRecords` with `Limit` 1, in parallel on as many threads as the Kinesis client pools connections), "
         f"and ends without a Spark job or a commit. A small batch is about {scale['records_per_shard']} new user records "
-        "per shard, end to end over the warm Spark Connect session (plan, probes, the job, the report, the commit and "
-        "its KCL-style item per shard). Each stream ran one unmeasured first run and one unmeasured small batch before. "
-        f"\"Connection pool is full\" warnings logged during the section: {scale['pool_full_warnings']}. A run's "
-        "probes are two calls per shard (`GetShardIterator`, `GetRecords`), 512 at 256 shards, and every call costs "
-        "the emulator (moto in server mode, one process) CPU time of its own: the column gives moto's CPU seconds "
+        "per shard, end to end over the warm Spark Connect session (plan, probes up to the first range with a record, "
+        "the job, the report, the commit and its KCL-style item per shard, written on as many threads as the DynamoDB "
+        "client pools connections). Each stream ran one unmeasured first run and one unmeasured small batch before. "
+        f"\"Connection pool is full\" warnings logged during the section: {scale['pool_full_warnings']}. A no-data "
+        "run's probe of a shard is a `GetShardIterator` and one `GetRecords`, or two when the checkpoint points into a "
+        "KPL aggregate (as here): the probe re-reads that Kinesis record, which holds no new user record, and an empty "
+        "response with `MillisBehindLatest` 0 then tells the shard is caught up (768 calls at 256 shards). Every call "
+        "costs the emulator (moto in server mode, one process) CPU time of its own: the column gives moto's CPU seconds "
         "during each no-data run, a floor under that run's time on this machine that the service does not have.",
         "",
         *rows,
+        *calls_part,
     ]
