@@ -223,7 +223,8 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
         cells = []
         for kind in ("no_data_calls", "small_calls"):
             last = figures[kind][-1]
-            cells.append(" / ".join(str(sum(n for k, n in last.items() if k.startswith(f"{service}."))) for service in ("kinesis", "dynamodb")))
+            per_service = [sum(n for k, n in last.items() if k.startswith(f"{service}.")) for service in ("kinesis", "dynamodb")]
+            cells.append(" / ".join(map(str, per_service)))
         reads = figures.get("small_kinesis_reads") or [0]
         calls_rows.append(f"| {shards} | {cells[0]} | {cells[1]} | {reads[-1]} |")
     calls_part = [

@@ -918,8 +918,9 @@ def run_window(
 
     Every shard that may have been open during the window is planned (closed ones included),
     cut into time slices; the (shard, slice) ranges are probed up to the first one with a user
-    record, and the job runs only when a probe found a record (it then reads every range). The same window gives the same rows: its output location is derived
-    from the window and overwritten on re-run.
+    record, and the job runs only when a probe found a record (it then reads every range). The
+    same window gives the same rows: its output location is derived from the window and
+    overwritten on re-run.
 
     With a ``store`` and a :class:`HandedBatchJob`, the plan goes to the job through the store
     (``store.write_window`` under ``owner``) and its report comes back the same way, so the
