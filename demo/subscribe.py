@@ -44,7 +44,8 @@ emulator's (moto's), passed through.
 * **One read of the emulator for every consumer**: what the emulator's ``GetRecords`` returned
   for a shard is kept (up to ``shared_bytes`` per shard, while a subscription to the shard is
   open) and pushed from there to the other consumers' subscriptions that reach it, as the
-  service stores a shard once for all its consumers. The events are the same (the same records,
+  service stores a shard once for all its consumers; each record's JSON in an event is written
+  once too. The events are the same (the same records,
   paced per consumer; ``MillisBehindLatest`` from the shard's newest record seen at the last
   read); the emulator, one process, no longer serializes every byte once per consumer. Only
   records known to follow a position exactly (Positions, below) are pushed from there.
@@ -157,6 +158,15 @@ def event_message(event_type: str, payload: dict[str, Any]) -> bytes:
     return encode_message(headers, json.dumps(payload, separators=(",", ":")).encode())
 
 
+def _records_event(records: list[str], millis: int, continuation: str) -> bytes:
+    """:func:`event_message` of ``{"Records": ..., "MillisBehindLatest": millis,
+    "ContinuationSequenceNumber": continuation}`` from each record's JSON text (the same bytes)."""
+    payload = '{"Records":[%s],"MillisBehindLatest":%d,"ContinuationSequenceNumber":%s}' % (
+        ",".join(records), millis, json.dumps(continuation))  # fmt: skip
+    headers = {":event-type": "SubscribeToShardEvent", ":content-type": "application/json", ":message-type": "event"}
+    return encode_message(headers, payload.encode())
+
+
 def exception_message(code: str, message: str) -> bytes:
     """A modeled exception of the event stream (``ResourceInUseException``, ...): botocore raises
     it as an ``EventStreamError`` with that code while the events are iterated."""
@@ -213,6 +223,10 @@ class _SharedShard:
     users: int = 0
     #: held while one subscription reads the emulator for the shard
     reading: threading.Lock = field(default_factory=threading.Lock)
+    #: sequence number (int) -> the record's JSON text in an event, written once for every
+    #: subscription (the oldest are dropped first)
+    encoded: dict[int, str] = field(default_factory=dict)
+    encoded_chars: int = 0
 
     def add(self, after: int | None, records: list[dict[str, Any]], sizes: list[int], millis: int, cap: int) -> None:
         """Remember ``records`` (read in a row after sequence number ``after``; ``None``: where
@@ -242,6 +256,26 @@ class _SharedShard:
             sizes.append(self.sizes[at])
             at = int(record["SequenceNumber"])
         return records, sizes
+
+    def texts(self, records: list[dict[str, Any]], lock: threading.Lock, cap: int) -> list[str]:
+        """Each record's JSON text (``separators=(",", ":")``), written once per record for all
+        subscriptions; keeps at most ``cap`` characters. ``lock`` guards this object."""
+        keys = [int(r["SequenceNumber"]) for r in records]
+        with lock:
+            texts = [self.encoded.get(key) for key in keys]
+        missing = [i for i, text in enumerate(texts) if text is None]
+        if not missing:
+            return texts  # type: ignore[return-value]
+        for i in missing:
+            texts[i] = json.dumps(records[i], separators=(",", ":"))
+        with lock:
+            for i in missing:
+                if keys[i] not in self.encoded:
+                    self.encoded[keys[i]] = texts[i]  # type: ignore[assignment]
+                    self.encoded_chars += len(texts[i])  # type: ignore[arg-type]
+            while self.encoded_chars > cap and self.encoded:
+                self.encoded_chars -= len(self.encoded.pop(next(iter(self.encoded))))
+        return texts  # type: ignore[return-value]
 
     def behind(self, record: dict[str, Any]) -> int:
         """``MillisBehindLatest`` of ``record``, from the tip seen at the last read."""
@@ -621,13 +655,14 @@ class ShardSubscriptions:
                     behind += max(0, int((newest - arrived) * 1000))
                 last = at_end and index == len(events) - 1
                 if last:
-                    event = self._last_event(chunk, behind, subscription)
+                    message = event_message("SubscribeToShardEvent", self._last_event(chunk, behind, subscription))
                 else:
-                    event = {"Records": chunk, "MillisBehindLatest": behind, "ContinuationSequenceNumber": chunk[-1]["SequenceNumber"]}
+                    texts = shared.texts(chunk, self.proxy.lock, 2 * self.shared_bytes)
+                    message = _records_event(texts, behind, chunk[-1]["SequenceNumber"])
                 self._count("events", stream)  # counted as they are written: the counts never lag what was seen
                 self._count("records", stream, len(chunk))
                 self._count("bytes", stream, size)
-                send(event_message("SubscribeToShardEvent", event))
+                send(message)
                 at = chunk[-1]["SequenceNumber"]
                 if last:
                     return "shard_end"
