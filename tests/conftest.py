@@ -176,26 +176,65 @@ def spark_standalone(tmp_path_factory):
         yield cluster
 
 
-# The longest tests first. Under `make test`'s pytest-xdist work stealing, each worker starts on a
-# contiguous share of the collection and idle workers steal from the end of the others' queues: a long
-# test collected late can only start late and then holds the whole run up alone. These run for minutes
-# each (cold spark-submits per kill, full demos); they go to the front, in this order, the rest keep
-# their order. Names are module paths relative to tests/.
-_LONGEST_FIRST = (
-    "reliability/test_random_kills.py",
-    "deployment/",
-    "dags/test_tables_demo.py",
-    "reliability/test_job_handoff.py",
-    "reliability/test_crash_points.py",
-    "reliability/test_table_commits.py",
-    "dags/",
-    "reliability/",
+# Under `make test`'s pytest-xdist work stealing, each worker is first handed a contiguous share of
+# the collection (the first len // workers items to one, the next to another, ...), and an idle
+# worker steals from the END of another's queue: a long test handed out late can only start late,
+# and long tests handed to one worker run one after the other there. So the long tests are dealt
+# out first: the longest to the worker share with the least estimated time so far (each share
+# starts with its long tests, longest first), then the other tests fill the shares up to the sizes
+# xdist hands out, in collection order. Estimates: seconds per test on 2 cores, from `make test`'s
+# --durations (rounded; first matching prefix of the test id relative to tests/); any other test
+# counts as _SHORT, a test marked skip as 0. The deployment tests share a module-scoped deployment (minutes to set up): they
+# stay in one share.
+_SHORT = 5.0
+_ESTIMATES = (
+    ("reliability/test_random_kills.py", 400.0),
+    ("dags/test_tables_demo.py", 230.0),
+    ("dags/test_backfill_demo.py", 200.0),
+    ("dags/test_split_demo.py", 170.0),
+    ("dags/test_resharding_demo.py", 140.0),
+    ("dags/test_example_dags.py::test_demo_runs", 125.0),
+    ("deployment/", 60.0),
+    ("reliability/test_job_handoff.py", 85.0),
+    ("reliability/test_crash_points.py", 65.0),
+    ("integration/test_operator.py::test_batches_are", 75.0),
+    ("integration/test_operator.py::test_failed_spark_job", 80.0),
+    ("integration/test_assets_lineage.py::test_batches_emit", 70.0),
+    ("integration/test_table_outputs.py::test_batches_commit", 65.0),
+    ("integration/test_standalone_cluster.py::test_batches_run", 60.0),
+    ("dags/test_sensors_dag.py", 55.0),
+    ("reliability/", 40.0),
 )
+_ONE_SHARE = ("deployment/",)
+
+
+def _estimate(item) -> float:
+    if item.get_closest_marker("skip") is not None:  # e.g. the EFO crash points `make test` leaves out
+        return 0.0
+    path = item.nodeid.removeprefix("tests/")
+    return next((seconds for prefix, seconds in _ESTIMATES if path.startswith(prefix)), _SHORT)
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    groups: dict[str, list] = {}
+    for item in items:
         path = item.nodeid.removeprefix("tests/")
-        return next((i for i, prefix in enumerate(_LONGEST_FIRST) if path.startswith(prefix)), len(_LONGEST_FIRST))
-
-    items.sort(key=rank)  # stable: within a rank, collection order
+        groups.setdefault(path.split("::")[0] if path.startswith(_ONE_SHARE) else item.nodeid, []).append(item)
+    weight = {key: sum(_estimate(i) for i in group) for key, group in groups.items()}
+    long_keys = sorted((k for k in groups if weight[k] > _SHORT), key=lambda k: -weight[k])
+    shares: list[list] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for key in long_keys:
+        k = min(range(workers), key=lambda w: (load[w], w))
+        shares[k].extend(groups[key])
+        load[k] += weight[key]
+    short = [i for key, group in groups.items() if key not in long_keys for i in group]
+    remaining = len(items)
+    for k in range(workers):  # the sizes xdist's work stealing hands out at the start
+        size = remaining // (workers - k)
+        remaining -= size
+        take = max(0, size - len(shares[k])) if k < workers - 1 else len(short)
+        shares[k].extend(short[:take])
+        del short[:take]
+    items[:] = [item for share in shares for item in share]

@@ -22,12 +22,14 @@ from tests.conftest import DATA_DIR, REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, c
 pytestmark = [pytest.mark.integration]
 
 
-def client(endpoint: str, retries: int = 1):
+def client(endpoint: str, attempts: int = 1):
+    """A Kinesis client through the proxy; ``attempts`` counts the first call (botocore's
+    ``total_max_attempts``: 1 leaves every throttle to the reader, where the tests count them)."""
     import boto3
 
     return boto3.client("kinesis", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=TEST_ACCESS_KEY,
                         aws_secret_access_key=TEST_SECRET_KEY,
-                        config=Config(retries={"mode": "standard", "max_attempts": retries}))  # fmt: skip
+                        config=Config(retries={"mode": "standard", "total_max_attempts": attempts}))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +82,7 @@ def test_responses_are_cut_at_10_mib_and_the_naive_consumer_still_reads_everythi
     small = put_plain(kinesis, stream, [(f"k{i}", b"x" * 100) for i in range(20)])
     loaded = load_backlog(kinesis, stream, 14, lines)
     with ThrottlingProxy(moto_endpoint, KinesisLimits(throttle=False)) as proxy:
-        result = naive_consume(client(proxy.endpoint, retries=3), stream)
+        result = naive_consume(client(proxy.endpoint, attempts=4), stream)
         assert result.user_records == loaded["user_records"] + len(small)
         assert result.bytes == loaded["bytes"] + 20 * 100
         assert proxy.stats["GetRecords.cut_at_10MiB"] >= 1
@@ -94,7 +96,7 @@ def test_the_emulator_is_asked_for_about_what_one_answer_serves(kinesis, moto_en
     create_stream(kinesis, stream, 1)
     loaded = load_backlog(kinesis, stream, 30, lines)
     with ThrottlingProxy(moto_endpoint, KinesisLimits(throttle=False)) as proxy:
-        result = naive_consume(client(proxy.endpoint, retries=3), stream)
+        result = naive_consume(client(proxy.endpoint, attempts=4), stream)
         assert result.user_records == loaded["user_records"]
         assert 9 * MIB < proxy.stats["GetRecords.largest_response_bytes"] <= 10 * MIB
         # ~30 MiB in 10 MiB answers: 4 calls (the last finds the tip); a piece or two per call
@@ -152,7 +154,7 @@ def test_enhanced_fan_out_consumers_each_have_their_own_2_mib_per_second(kinesis
     create_stream(kinesis, stream, 2)
     loaded = load_backlog(kinesis, stream, 6, lines)
     with ThrottlingProxy(moto_endpoint) as proxy:
-        c = client(proxy.endpoint, retries=3)
+        c = client(proxy.endpoint, attempts=4)
         arns = [ensure_stream_consumer(c, stream, name, poll_seconds=0.1) for name in ("efo-a", "efo-b")]
         readers = {consumer: [ShardReader(c, stream, r, consumer_arn=consumer_arn) for r in ranges(kinesis, stream)]
                    for consumer, consumer_arn in (("polling", None), ("efo-a", arns[0]), ("efo-b", arns[1]))}  # fmt: skip
