@@ -239,7 +239,8 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
     return [
         f"The same stream shape at several shard counts, each on a fresh stream behind the limits proxy; median of "
         f"{scale['repeat']} runs each. A no-data run lists the shards, reads the checkpoints, plans and probes every "
-        "shard (`GetRecords` with `Limit` 1, in parallel on as many threads as the Kinesis client pools connections), "
+        "shard (`GetRecords` with `Limit` 1, in parallel: at most as many calls in flight as the Kinesis client pools "
+        "connections, 8 probe threads per connection), "
         f"and ends without a Spark job or a commit. A small batch is about {scale['records_per_shard']} new user records "
         "per shard, end to end over the warm Spark Connect session (plan, probes up to the first range with a record, "
         "the job, the report, the commit and its KCL-style item per shard, written on as many threads as the DynamoDB "

@@ -403,7 +403,7 @@ def measure_lag(
 
     Calls: ``ListShards`` (paginated), the committed checkpoints unless given (``GetItem``,
     ``Query``), then one probe per readable shard (``reader.probe_ranges``: in parallel, at most
-    as many threads as the client pools connections).
+    as many calls in flight as the client pools connections).
 
     :param client: boto3 Kinesis client.
     :param store: the consumer's ``DynamoDBCheckpointStore``.

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from itertools import chain, repeat
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -869,14 +870,85 @@ def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader
     return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]
 
 
+#: Probe threads per connection the Kinesis client pools (:func:`probe_ranges`): a probe that
+#: re-reads a KPL aggregate waits ``min_call_interval`` (0.2 s) between its two ``GetRecords``
+#: calls on one shard, holding no connection meanwhile; other probes use the connections then.
+PROBE_THREADS_PER_CONNECTION = 8
+
+
+class _ProbesStopped(Exception):
+    """Raised into a probe when another one found a user record (``probe_ranges(until_record=True)``)."""
+
+
+class _ProbeGate:
+    """Lets at most ``limit`` calls of the probes' shared client be in flight at once (botocore
+    pools ``max_pool_connections`` connections; a call beyond them opens one and throws it away:
+    "Connection pool is full"), whatever the number of probe threads. A probe that made its first
+    call goes before probes that have not started, so the started ones finish first; with
+    ``stop`` set, a call raises :class:`_ProbesStopped` instead."""
+
+    def __init__(self, limit: int, stop: threading.Event) -> None:
+        self.limit = max(1, limit)
+        self.stop = stop
+        self._lock = threading.Condition()
+        self._in_flight = 0
+        self._continuing = 0  # started probes waiting for a connection
+
+    @contextmanager
+    def call(self, first: bool) -> Iterator[None]:
+        with self._lock:
+            if not first:
+                self._continuing += 1
+            try:
+                while self._in_flight >= self.limit or (first and self._continuing):
+                    self._lock.wait()
+            finally:
+                if not first:
+                    self._continuing -= 1
+            if self.stop.is_set():
+                self._lock.notify_all()
+                raise _ProbesStopped()
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._lock.notify_all()
+
+
+class _GatedClient:
+    """One probe's view of the shared client: each API call passes the :class:`_ProbeGate`."""
+
+    def __init__(self, client: Any, gate: _ProbeGate) -> None:
+        self._client = client
+        self._gate = gate
+        self._started = False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if name.startswith("_") or name in ("exceptions", "meta") or not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            first, self._started = not self._started, True
+            with self._gate.call(first):
+                return attribute(*args, **kwargs)
+
+        return call
+
+
 def probe_ranges(
     client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False, **reader_kwargs: Any
 ) -> list[ShardReport]:
     """Probe every range (see :func:`probe_reader`) in parallel threads; reports in ``ranges``' order.
 
-    The threads share ``client``; there are at most as many as the client pools HTTP connections
-    (botocore's ``max_pool_connections``, default 10), so no connection is opened and discarded
-    ("Connection pool is full") however many shards the stream has.
+    The threads share ``client``, and at most as many of its calls are in flight at once as it
+    pools HTTP connections (botocore's ``max_pool_connections``, default 10), so no connection is
+    opened and discarded ("Connection pool is full") however many shards the stream has. There
+    are :data:`PROBE_THREADS_PER_CONNECTION` times as many threads (at most one per range): a
+    probe paced between two calls on its shard (``min_call_interval``) leaves the connections to
+    the others.
 
     :param until_record: stop at the first probe that finds a user record: a batch's job reads
         every planned range once any range has a record, so the other probes would tell nothing
@@ -889,15 +961,21 @@ def probe_ranges(
         return []
     found = threading.Event()
 
+    connections = pool_threads(client, len(ranges))
+    gate = _ProbeGate(connections, found)
+
     def probe(rng: ShardRange) -> ShardReport | None:
         if found.is_set():
             return None
-        report = probe_range(client, stream_name, rng, **reader_kwargs)
+        try:
+            report = probe_range(_GatedClient(client, gate), stream_name, rng, **reader_kwargs)
+        except _ProbesStopped:
+            return None
         if until_record and report.records:
             found.set()
         return report
 
-    with ThreadPoolExecutor(max_workers=pool_threads(client, len(ranges))) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(ranges), connections * PROBE_THREADS_PER_CONNECTION)) as pool:
         return [r for r in pool.map(probe, ranges) if r is not None]
 
 

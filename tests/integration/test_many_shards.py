@@ -5,6 +5,8 @@ batch log stores a plan and the checkpoints of 1,000 shards within DynamoDB's it
 from __future__ import annotations
 
 import logging
+import re
+import threading
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,7 +20,7 @@ from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
-from demo.producer import put_plain
+from demo.producer import put_aggregated, put_plain
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, aws_connection, create_stream
 
 pytestmark = pytest.mark.integration
@@ -141,8 +143,8 @@ class CountingReaderJob:
 
 def test_a_batch_probes_only_until_the_first_record_and_the_job_reads_every_range(moto_endpoint, dynamodb, unique_name, caplog):
     """A batch's probes stop at the first range with a user record (the job reads every planned
-    range anyway): with a Kinesis client pooling 2 connections (2 probe threads) and records in
-    all 16 shards, 2 ranges are probed instead of 16, and the batch still reads every record."""
+    range anyway): with a Kinesis client pooling 2 connections (2 calls in flight) and records in
+    all 16 shards, a few ranges are probed instead of 16, and the batch still reads every record."""
     kinesis = boto3.client("kinesis", endpoint_url=moto_endpoint, region_name=REGION, aws_access_key_id=TEST_ACCESS_KEY,
                            aws_secret_access_key=TEST_SECRET_KEY, config=Config(max_pool_connections=2))  # fmt: skip
     calls = {"GetShardIterator": 0}
@@ -164,7 +166,66 @@ def test_a_batch_probes_only_until_the_first_record_and_the_job_reads_every_rang
 
     summary = run_incremental(kinesis, store, job, settings, "run-1")
 
-    assert job.probe_iterators == 2, job.probe_iterators  # one probe per thread, then none
+    # 2 probes at once (one per connection; a third may start while the first turns from its
+    # GetShardIterator to its GetRecords), then none: 16 without the stop
+    assert 2 <= job.probe_iterators <= 4, job.probe_iterators
     assert summary["status"] == "committed" and summary["records"] == 400 and len(summary["shards"]) == 16
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Probed ")]
-    assert line.startswith("Probed 2 of 16 shard ranges") and line.endswith("; 14 not probed (a record was found: the job reads every range)"), line
+    probed = re.fullmatch(r"Probed (\d) of 16 shard ranges .*; (\d+) not probed \(a record was found: the job reads every range\)", line)
+    assert probed and 1 <= int(probed[1]) <= 4 and int(probed[1]) + int(probed[2]) == 16, line
+
+
+def test_idle_probes_overlap_their_pauses_and_keep_within_the_connection_pool(moto_endpoint, dynamodb, unique_name, monkeypatch):
+    """A run without new records probes every shard; a probe whose checkpoint points into a KPL
+    aggregate re-reads it and waits ``min_call_interval`` before its second ``GetRecords``. Other
+    probes run meanwhile (more probes at once than the client pools connections), while no more
+    calls are in flight at once than it pools (2 here)."""
+    import airflow_kinesis_spark.core.reader as reader
+
+    kinesis = boto3.client("kinesis", endpoint_url=moto_endpoint, region_name=REGION, aws_access_key_id=TEST_ACCESS_KEY,
+                           aws_secret_access_key=TEST_SECRET_KEY, config=Config(max_pool_connections=2))  # fmt: skip
+    create_stream(kinesis, unique_name, 8)
+    put_aggregated(kinesis, unique_name, [(f"k{i}", f"v{i}".encode()) for i in range(200)], per_aggregate=5)
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    store.ensure_table()
+    calls: dict[str, int] = {"GetShardIterator": 0}  # CountingReaderJob's; not counted here
+
+    def settings() -> IncrementalSettings:
+        return IncrementalSettings(stream_name=unique_name, consumer_name="lake", output_root="mem://out",
+                                   cutoff=datetime.now(timezone.utc), min_call_interval=0.2)  # fmt: skip
+
+    first = run_incremental(kinesis, store, CountingReaderJob(kinesis, calls), settings(), "run-1")
+    assert first["status"] == "committed" and first["records"] == 200
+    assert sum(c.position is not None and c.position.sub_sequence_number is not None
+               for c in store.committed_checkpoints().values()) >= 3  # fmt: skip
+
+    lock, now, most = threading.Lock(), {"probes": 0, "calls": 0}, {"probes": 0, "calls": 0}
+
+    def enter(kind: str) -> None:
+        with lock:
+            now[kind] += 1
+            most[kind] = max(most[kind], now[kind])
+
+    def leave(kind: str) -> None:
+        with lock:
+            now[kind] -= 1
+
+    probe_range = reader.probe_range
+
+    def counted_probe(*args: Any, **kwargs: Any) -> Any:
+        enter("probes")
+        try:
+            return probe_range(*args, **kwargs)
+        finally:
+            leave("probes")
+
+    monkeypatch.setattr(reader, "probe_range", counted_probe)
+    kinesis.meta.events.register("before-call.kinesis", lambda **kwargs: enter("calls"))
+    kinesis.meta.events.register("after-call.kinesis", lambda **kwargs: leave("calls"))
+    kinesis.meta.events.register("after-call-error.kinesis", lambda **kwargs: leave("calls"))
+
+    idle = run_incremental(kinesis, store, NoJob(), settings(), "run-2")
+
+    assert idle["status"] == "no_new_records" and len(idle["shards"]) == 8
+    assert most["calls"] <= 2, most
+    assert most["probes"] > 2, most  # probes waiting between two calls leave the connections to others
