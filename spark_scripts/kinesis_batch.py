@@ -391,9 +391,13 @@ def _observed_reports(observation: Any, data: Any, name: str) -> list[str]:
         raise RuntimeError("the transform's result does not depend on the records read; no report was observed")
     metrics = observation.get
     if "reports" not in metrics:
-        # Seen once over Spark Connect on a loaded machine (a write that succeeded, no metrics back).
+        # Seen over Spark Connect on a loaded machine: a write that succeeded, no metrics back. Spark
+        # Connect servers up to 4.1 send a query's observed metrics only if they arrive within 100 ms
+        # of its end (Observation.getRowOrEmpty; SPARK-54279 removes that wait).
         raise RuntimeError(f"observed metric {name}: the report rows of the batch's ranges did not reach the driver "
-                           f"(metrics received: {', '.join(sorted(metrics)) or 'none'}); nothing is committed")
+                           f"(metrics received: {', '.join(sorted(metrics)) or 'none'}); nothing is committed. Over Spark "
+                           "Connect a busy server can drop a query's observed metrics (SPARK-54279): the task's retry "
+                           "runs the same plan again")
     value = metrics["reports"]
     if not isinstance(value, str):
         raise TypeError(f"observed metric {name}: expected the report rows as one JSON string, got {type(value).__name__}")
