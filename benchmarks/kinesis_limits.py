@@ -44,6 +44,13 @@ __all__ = ["ThrottlingProxy", "KinesisLimits"]
 MIB = 1024 * 1024
 
 
+def _behind(response: dict) -> None:
+    """Mark an answer cut short of the emulator's tip as behind it (``MillisBehindLatest`` at
+    least 1), as the service would: moto counts whole milliseconds between the last record
+    returned and the shard's last, so records put within a millisecond of the tip read as 0."""
+    response["MillisBehindLatest"] = max(1, int(response.get("MillisBehindLatest") or 0))
+
+
 @dataclass(frozen=True)
 class KinesisLimits:
     """The per-shard limits enforced (defaults: the service's, Kinesis API reference)."""
@@ -251,14 +258,18 @@ class ThrottlingProxy(ForwardingProxy):
             for record, size in zip(got, sizes, strict=True):
                 if records and total + size > cap:
                     response["Records"] = records
+                    _behind(response)
                     return status, headers, None, response, True
                 records.append(record)
                 total += size
             iterator = response.get("NextShardIterator")
             done = len(got) < ask or not iterator or len(records) >= limit or total >= cap
             if done or (self._largest[(stream, shard)] > cap - total):
-                if pieces == 1:
+                short = bool(iterator) and len(got) == ask and len(records) < limit  # stopped by size, not at the tip
+                if pieces == 1 and not short:
                     return status, headers, payload, response, False
+                if short:
+                    _behind(response)
                 response["Records"] = records
                 return status, headers, None, response, False
 

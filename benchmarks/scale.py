@@ -246,9 +246,9 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
         "the job, the report, the commit and its KCL-style item per shard, written on as many threads as the DynamoDB "
         "client pools connections). Each stream ran one unmeasured first run and one unmeasured small batch before. "
         f"\"Connection pool is full\" warnings logged during the section: {scale['pool_full_warnings']}. A no-data "
-        "run's probe of a shard is a `GetShardIterator` and one `GetRecords`, or two when the checkpoint points into a "
-        "KPL aggregate (as here): the probe re-reads that Kinesis record, which holds no new user record, and an empty "
-        "response with `MillisBehindLatest` 0 then tells the shard is caught up (768 calls at 256 shards). Every call "
+        "run's probe of a shard is a `GetShardIterator` and one `GetRecords` (`Limit` 2 when the checkpoint points into a "
+        "KPL aggregate, as here: the probe re-reads that Kinesis record, which holds no new user record; a response short "
+        "of its `Limit` at `MillisBehindLatest` 0 tells the shard is caught up): 512 calls at 256 shards. Every call "
         "costs the emulator (moto in server mode, one process) CPU time of its own: the column gives moto's CPU seconds "
         "during each no-data run, a floor under that run's time on this machine that the service does not have.",
         "",

@@ -227,10 +227,36 @@ def test_reads_every_record_in_order_then_caught_up():
     assert report.kinesis_records == 7
     assert report.kinesis_bytes == report.bytes == sum(len(b"plain-%d" % i) for i in range(7))
     assert report.millis_behind_latest == 0
-    # 3 + 3 + 1 records, then one empty caught-up response
-    assert client.limits() == [3, 3, 3, 3]
-    assert report.get_records_calls == 4
+    # 3 + 3 + 1 records: the last response is short of its Limit at MillisBehindLatest 0
+    assert client.limits() == [3, 3, 3]
+    assert report.get_records_calls == 3
     assert sleeps == []
+
+
+def test_a_response_short_of_its_limit_at_the_tip_is_caught_up_without_an_empty_call():
+    client = FakeKinesis([plain(i) for i in range(5)])
+    records, report, _ = read(client, make_range(), limit=10)
+    assert len(records) == 5
+    assert report.stop_reason == "caught_up"
+    assert client.limits() == [10]  # no second call to be told there is nothing more
+
+
+def test_a_full_response_at_millis_behind_latest_0_reads_on():
+    # kinesalite answers MillisBehindLatest 0 to every call: a response that fills its Limit
+    # may have more behind it, so only a short or empty one ends the read.
+    client = FakeKinesis([plain(i) for i in range(6)])
+    client.get_records = _always_at_the_tip(client.get_records)  # type: ignore[method-assign]
+    records, report, _ = read(client, make_range(), limit=3)
+    assert len(records) == 6
+    assert report.stop_reason == "caught_up"
+    assert client.limits() == [3, 3, 3]
+
+
+def _always_at_the_tip(get_records: Any) -> Any:
+    def call(**kwargs: Any) -> dict[str, Any]:
+        return {**get_records(**kwargs), "MillisBehindLatest": 0}
+
+    return call
 
 
 def test_pages_yields_one_list_per_response():
