@@ -26,22 +26,36 @@ answers like the service (Kinesis API reference, GetRecords and GetShardIterator
 
 Everything else passes through. Throttled calls are never forwarded (they cost nothing
 upstream). Counts per operation and outcome are kept in :attr:`ThrottlingProxy.stats`.
+
+:class:`ThrottlingProxy` serves from threads of the process that starts it (tests);
+:class:`LimitsProxyProcess` runs it in a process of its own (``python -m
+benchmarks.kinesis_limits``), as the service is elsewhere than its callers: ``make bench``
+measures the operator in its own process, and a proxy there would take its CPU time under the
+same interpreter lock.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+import urllib.request
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 from demo.proxy import ForwardingProxy
 from demo.subscribe import ShardSubscriptions, SubscribeLimits
 
-__all__ = ["ThrottlingProxy", "KinesisLimits"]
+__all__ = ["KinesisLimits", "LimitsProxyProcess", "ThrottlingProxy"]
 
 MIB = 1024 * 1024
+
+#: The path (GET) on which the proxy answers its own counts, for :class:`LimitsProxyProcess`.
+STATE_PATH = "/_limits_proxy/state"
 
 
 def _behind(response: dict) -> None:
@@ -113,7 +127,7 @@ class ThrottlingProxy(ForwardingProxy):
     """
 
     def __init__(self, upstream: str, limits: KinesisLimits | None = None) -> None:
-        super().__init__(upstream)
+        super().__init__(upstream, keep_alive=True)
         self.limits = limits or KinesisLimits()
         self.shards: dict[tuple[str, str], _Shard] = {}
         #: shard iterator -> (stream, shard, monotonic time it was issued)
@@ -143,8 +157,12 @@ class ThrottlingProxy(ForwardingProxy):
     def read_rate(self, stream: str) -> float:
         """Bytes per second served to ``stream``'s GetRecords with ``Limit`` > 1, from the first
         such call to the last response."""
-        first, last = self.read_window[stream]
-        return self.stats[f"bytes:{stream}"] / max(1e-9, last - first)
+        return _read_rate(self.stats, self.read_window, stream)
+
+    def state(self) -> dict:
+        """:attr:`stats` and :attr:`read_window` as JSON-able values (:data:`STATE_PATH`)."""
+        with self.lock:
+            return {"stats": dict(self.stats), "read_window": {k: list(v) for k, v in self.read_window.items()}}
 
     # -- accounting ------------------------------------------------------------------------------
 
@@ -179,7 +197,9 @@ class ThrottlingProxy(ForwardingProxy):
 
     def handle(self, request: BaseHTTPRequestHandler, body: bytes, target: str) -> None:
         operation = target.partition(".")[2]
-        if operation == "GetShardIterator":
+        if not target and request.path == STATE_PATH:
+            self.answer(request, 200, [("Content-Type", "application/json")], json.dumps(self.state()).encode())
+        elif operation == "GetShardIterator":
             self._get_shard_iterator(request, body)
         elif operation == "GetRecords":
             self._get_records(request, body)
@@ -344,3 +364,85 @@ class ThrottlingProxy(ForwardingProxy):
             state.debt_at = now
         self._remember(response.get("NextShardIterator"), stream, shard)
         self.answer(request, status, headers, payload)
+
+
+def _read_rate(stats: Mapping[str, int], read_window: Mapping[str, list[float]], stream: str) -> float:
+    """Bytes per second served to ``stream``'s GetRecords with ``Limit`` > 1 (see
+    :meth:`ThrottlingProxy.read_rate`)."""
+    first, last = read_window[stream]
+    return stats.get(f"bytes:{stream}", 0) / max(1e-9, last - first)
+
+
+class LimitsProxyProcess:
+    """A :class:`ThrottlingProxy` in a process of its own; ``with`` starts and stops it.
+
+    ``endpoint`` is its URL once started; :attr:`stats` and :meth:`read_rate` ask the process
+    (``GET`` :data:`STATE_PATH`) each time, so they are current.
+
+    :param upstream: the emulator's URL.
+    :param limits: what to enforce (sent to the process as JSON).
+    :raises RuntimeError: the process ended before it printed its endpoint.
+    """
+
+    def __init__(self, upstream: str, limits: KinesisLimits | None = None) -> None:
+        self.upstream = upstream
+        self.limits = limits or KinesisLimits()
+        self.endpoint = ""
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> LimitsProxyProcess:
+        root = Path(__file__).resolve().parent.parent
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.kinesis_limits", self.upstream, json.dumps(asdict(self.limits))],
+            cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self._process.stdout is not None
+        self.endpoint = self._process.stdout.readline().strip()
+        if not self.endpoint.startswith("http://"):
+            self.__exit__()
+            raise RuntimeError(f"the limits proxy process ended before it served (exit code {self._process.returncode})")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is None:
+            return
+        assert self._process.stdin is not None
+        self._process.stdin.close()  # the process stops at its standard input's end
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
+    @property
+    def pid(self) -> int:
+        """The proxy process's id (while started)."""
+        assert self._process is not None, "not started"
+        return self._process.pid
+
+    def _state(self) -> dict:
+        with urllib.request.urlopen(self.endpoint + STATE_PATH, timeout=30) as response:
+            return json.loads(response.read())
+
+    @property
+    def stats(self) -> Counter[str]:
+        """The proxy's counts now (:attr:`ThrottlingProxy.stats`)."""
+        return Counter(self._state()["stats"])
+
+    def read_rate(self, stream: str) -> float:
+        """:meth:`ThrottlingProxy.read_rate`, of the proxy's counts now."""
+        state = self._state()
+        return _read_rate(state["stats"], state["read_window"], stream)
+
+
+def _serve(argv: list[str]) -> None:
+    """``python -m benchmarks.kinesis_limits UPSTREAM [LIMITS_JSON]``: serve until standard input ends."""
+    limits = KinesisLimits(**json.loads(argv[1])) if len(argv) > 1 else KinesisLimits()
+    with ThrottlingProxy(argv[0], limits) as proxy:
+        print(proxy.endpoint, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1:])

@@ -4,8 +4,9 @@
                              [--unthrottled-mib 160] [--memory-mib 32] [--output docs/benchmarks.md]
 
 Everything runs on 127.0.0.1: moto in server mode holds the stream and the checkpoint table;
-Kinesis traffic goes through :class:`benchmarks.kinesis_limits.ThrottlingProxy`, which enforces
-the service's per-shard read limits (throttled) or only its response caps (unthrottled). The
+Kinesis traffic goes through :class:`benchmarks.kinesis_limits.ThrottlingProxy`, in a process of
+its own (``LimitsProxyProcess``), which enforces the service's per-shard read limits (throttled)
+or only its response caps (unthrottled). The
 operator runs in this process, as an Airflow worker runs it (``execute``), with spark-submit
 (cold: a JVM per batch) or over Spark Connect (warm: a running server).
 
@@ -59,7 +60,7 @@ from typing import Any
 import boto3
 import psutil
 
-from benchmarks.kinesis_limits import MIB, KinesisLimits, ThrottlingProxy
+from benchmarks.kinesis_limits import MIB, KinesisLimits, LimitsProxyProcess
 from benchmarks.workload import access_log_lines, load_backlog, naive_consume
 from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, moto_server, spark_connect_server
 
@@ -228,8 +229,8 @@ class Bench:
     work: Path
     lines: list[bytes]
     moto: str
-    throttled: ThrottlingProxy
-    open_proxy: ThrottlingProxy
+    throttled: LimitsProxyProcess
+    open_proxy: LimitsProxyProcess
     connect: tuple[str, int]
     kinesis: Any
 
@@ -369,7 +370,7 @@ def section_scale(b: Bench) -> dict[str, Any]:
     emulator = next((p for p in psutil.Process().children(recursive=True) if "moto_server" in " ".join(p.cmdline())), None)
     return run_scale(b.kinesis, ingest, new_stream, b.lines, b.work, shard_counts=b.args.scale_shards,
                      records_per_shard=b.args.scale_records_per_shard, repeat=b.args.scale_repeat, log=b.log,
-                     emulator=emulator, proxy_stats=b.throttled.stats)  # fmt: skip
+                     emulator=emulator, proxy=psutil.Process(b.throttled.pid), proxy_stats=lambda: b.throttled.stats)  # fmt: skip
 
 
 def _ingest_in_process(start: Any, results: Any, stream: str, output: str, connect: str, consumer: str,
@@ -643,8 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         moto = stack.enter_context(moto_server())
         bench = Bench(args=args, work=work, lines=lines, moto=moto, kinesis=client("kinesis", moto),
-                      throttled=stack.enter_context(ThrottlingProxy(moto)),
-                      open_proxy=stack.enter_context(ThrottlingProxy(moto, KinesisLimits(throttle=False))),
+                      throttled=stack.enter_context(LimitsProxyProcess(moto)),
+                      open_proxy=stack.enter_context(LimitsProxyProcess(moto, KinesisLimits(throttle=False))),
                       connect=("", 0))  # fmt: skip
         if set(only) & {"throttled", "unthrottled", "fixed_cost", "scale"}:  # the sections that use the warm server
             bench.log("starting a Spark Connect server")

@@ -81,9 +81,12 @@ class _CallCounter:
         return taken
 
 
-def _kinesis_reads(stats: Mapping[str, int] | None) -> int:
+def _kinesis_reads(stats: Callable[[], Mapping[str, int]] | None) -> int:
     """``GetShardIterator`` plus ``GetRecords`` calls the limits proxy served so far (0 without it)."""
-    return (stats.get("GetShardIterator", 0) + stats.get("GetRecords", 0)) if stats is not None else 0
+    if stats is None:
+        return 0
+    counts = stats()
+    return counts.get("GetShardIterator", 0) + counts.get("GetRecords", 0)
 
 
 def _cpu(process: psutil.Process | None) -> float:
@@ -106,7 +109,8 @@ def run_scale(
     repeat: int = 3,
     log: Callable[[str], None] = print,
     emulator: psutil.Process | None = None,
-    proxy_stats: Mapping[str, int] | None = None,
+    proxy: psutil.Process | None = None,
+    proxy_stats: Callable[[], Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
     """Measure the no-data run and the warm small batch at each shard count (see the module doc).
 
@@ -119,7 +123,9 @@ def run_scale(
     :param repeat: measured runs of each kind per shard count (median).
     :param emulator: the emulator's process: its CPU time (user + system, seconds) during each
         no-data run is recorded (``no_data_emulator_cpu``), what the emulator itself costs.
-    :param proxy_stats: the limits proxy's counts (``ThrottlingProxy.stats``): the Kinesis reads
+    :param proxy: the limits proxy's process: its CPU time in each no-data run
+        (``no_data_proxy_cpu``); this process's (the operator's) is ``no_data_operator_cpu``.
+    :param proxy_stats: returns the limits proxy's counts now (``LimitsProxyProcess.stats``): the Kinesis reads
         (``GetShardIterator`` + ``GetRecords``) it served during each small batch, the Spark job's
         included (``small_kinesis_reads``).
     :returns: ``{"records_per_shard", "repeat", "runs": {shards: {"no_data": [s], "small": [s],
@@ -134,6 +140,7 @@ def run_scale(
     logging.getLogger("urllib3").addHandler(pool)
     runs: dict[str, dict[str, list[Any]]] = {}
     calls = _CallCounter()
+    operator = psutil.Process()
     try:
         for shards in shard_counts:
             stream = f"bench-scale-{shards}"
@@ -144,13 +151,15 @@ def run_scale(
             load_backlog(kinesis, stream, 0, lines, user_records=shards * records_per_shard)
             ingest(stream, out, connect=True)  # the session's first batch of this stream; not measured
             log(f"scale {shards} shards: ready in {time.monotonic() - started:.1f}s")
-            figures: dict[str, list[Any]] = {"no_data": [], "no_data_emulator_cpu": [], "small": [], "records": [],
+            figures: dict[str, list[Any]] = {"no_data": [], "no_data_emulator_cpu": [], "no_data_proxy_cpu": [],
+                                             "no_data_operator_cpu": [], "small": [], "records": [],
                                              "no_data_calls": [], "small_calls": [], "small_kinesis_reads": []}  # fmt: skip
             for _ in range(repeat):
-                cpu = _cpu(emulator)
+                cpu = [_cpu(emulator), _cpu(proxy), _cpu(operator)]
                 with calls:
                     summary, wall = ingest(stream, out)
-                figures["no_data_emulator_cpu"].append(_cpu(emulator) - cpu)
+                for key, process, before in zip(("emulator", "proxy", "operator"), (emulator, proxy, operator), cpu, strict=True):
+                    figures[f"no_data_{key}_cpu"].append(_cpu(process) - before)
                 figures["no_data_calls"].append(calls.take())
                 if summary.get("status") != "no_new_records":
                     raise SystemExit(f"scale {shards}: a run without new records ended {summary.get('status')!r}")
@@ -201,15 +210,16 @@ def scale_targets(scale: dict[str, Any]) -> list[tuple[str, str, bool]]:
 def scale_markdown(scale: dict[str, Any]) -> list[str]:
     """The section's lines of ``docs/benchmarks.md`` (a paragraph and a table)."""
     rows = [
-        "| shards | no-data run, median (s) | runs (s) | moto's CPU in a no-data run, median (s) | small batch, warm, median (s) "
-        "| runs (s) | records per batch |",
+        "| shards | no-data run, median (s) | runs (s) | CPU in a no-data run, median (s): moto / limits proxy / operator "
+        "| small batch, warm, median (s) | runs (s) | records per batch |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for shards, figures in sorted(scale["runs"].items(), key=lambda kv: int(kv[0])):
         medians = scale["median_s"][shards]
+        cpu = " / ".join(f"{statistics.median(figures.get(f'no_data_{k}_cpu') or [0.0]):.2f}" for k in ("emulator", "proxy", "operator"))
         rows.append(
             f"| {shards} | {medians['no_data']:.2f} | {', '.join(f'{x:.2f}' for x in figures['no_data'])} | "
-            f"{statistics.median(figures.get('no_data_emulator_cpu') or [0.0]):.2f} | {medians['small']:.2f} | {', '.join(f'{x:.2f}' for x in figures['small'])} | "
+            f"{cpu} | {medians['small']:.2f} | {', '.join(f'{x:.2f}' for x in figures['small'])} | "
             f"{statistics.median(figures['records']):,.0f} |"
         )
     calls_rows = [
@@ -249,8 +259,10 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
         "run's probe of a shard is a `GetShardIterator` and one `GetRecords` (`Limit` 2 when the checkpoint points into a "
         "KPL aggregate, as here: the probe re-reads that Kinesis record, which holds no new user record; a response short "
         "of its `Limit` at `MillisBehindLatest` 0 tells the shard is caught up): 512 calls at 256 shards. Every call "
-        "costs the emulator (moto in server mode, one process) CPU time of its own: the column gives moto's CPU seconds "
-        "during each no-data run, a floor under that run's time on this machine that the service does not have.",
+        "costs the emulator (moto in server mode, one process) and the limits proxy (a process of its own, as the "
+        "service is elsewhere than its callers) CPU time of their own, on the same 2 cores as the operator: the CPU "
+        "column gives each process's CPU seconds during a no-data run; the service has no such cost on the caller's "
+        "machine.",
         "",
         *rows,
         *calls_part,

@@ -20,11 +20,17 @@ class ForwardingProxy:
     """Start with :meth:`start`; ``endpoint`` is its URL.
 
     :param upstream: the emulator's URL (``http://127.0.0.1:PORT``).
+    :param keep_alive: keep one connection to the emulator per serving thread (that is, per
+        client connection) instead of opening one per request: the emulator then neither
+        accepts a connection nor starts a thread for each call. A request whose reused
+        connection turns out closed before an answer came is sent once more on a new one.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, keep_alive: bool = False) -> None:
         self.upstream = urlparse(upstream)
         self.lock = threading.Lock()
+        self.keep_alive = keep_alive
+        self._connections = threading.local()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -68,14 +74,33 @@ class ForwardingProxy:
         return self.call_upstream(request.command, request.path, body, dict(request.headers.items()))
 
     def call_upstream(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, list[tuple[str, str]], bytes]:
-        conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=120)
+        headers = {k: v for k, v in headers.items() if k.lower() not in ("host", "connection", "content-length")}
+        if not self.keep_alive:
+            conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=120)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                response = conn.getresponse()
+                return response.status, response.getheaders(), response.read()
+            finally:
+                conn.close()
+        conn = getattr(self._connections, "conn", None)
+        reused = conn is not None
+        if conn is None:
+            conn = self._connections.conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=120)
         try:
-            headers = {k: v for k, v in headers.items() if k.lower() not in ("host", "connection", "content-length")}
             conn.request(method, path, body=body, headers=headers)
             response = conn.getresponse()
             return response.status, response.getheaders(), response.read()
-        finally:
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
             conn.close()
+            self._connections.conn = None
+            if not reused:
+                raise
+            return self.call_upstream(method, path, body, headers)  # the kept connection had been closed
+        except BaseException:
+            conn.close()
+            self._connections.conn = None
+            raise
 
     @staticmethod
     def answer(request: BaseHTTPRequestHandler, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:

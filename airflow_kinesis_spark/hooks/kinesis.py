@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from urllib.parse import urlparse
 from functools import cached_property
 from typing import Any
 
+import boto3
+import botocore.loaders
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFactory
 from botocore.exceptions import ClientError
 
@@ -23,7 +26,30 @@ JOB_CREDENTIALS_SECONDS = 3600
 STS_MIN_SECONDS = 900
 _UNSCOPED_WARNED: list[bool] = []
 
-__all__ = ["FailFastAwsHook", "KinesisStreamHook", "validate_stream_name"]
+#: botocore's data loaders, one per data path (``AWS_DATA_PATH``), shared by every session the
+#: hooks of this process create (:func:`share_data_loader`).
+_DATA_LOADERS: dict[str, botocore.loaders.Loader] = {}
+_DATA_LOADERS_LOCK = threading.Lock()
+
+
+def share_data_loader(session: boto3.session.Session) -> boto3.session.Session:
+    """Give ``session`` the data loader of the first session this process made for the same data path.
+
+    botocore reads its data files (``endpoints.json``, about 1 MB, the endpoint rule sets, each
+    service's model) once per loader, and every boto3 session brings a loader of its own: each
+    hook's session parsed them again (a no-data run of the operator made two such sessions:
+    about half of its CPU time at 256 shards). The files are read-only data, the same for every
+    credential and region, so one loader serves all sessions; botocore caches what it loaded on
+    the loader (``instance_cache``). Returns ``session``.
+    """
+    core = session._session  # boto3 keeps its botocore session there
+    path = str(core.get_config_variable("data_path"))
+    with _DATA_LOADERS_LOCK:
+        loader = _DATA_LOADERS.setdefault(path, core.get_component("data_loader"))
+    core.register_component("data_loader", loader)
+    return session
+
+__all__ = ["FailFastAwsHook", "KinesisStreamHook", "share_data_loader", "validate_stream_name"]
 
 
 class FailFastAwsHook(AwsBaseHook):
@@ -40,6 +66,11 @@ class FailFastAwsHook(AwsBaseHook):
     :raises EndpointUnreachableError: (from ``conn``) naming the connection, the service, its
         endpoint and region, and what to check.
     """
+
+    def get_session(self, region_name: str | None = None, deferrable: bool = False) -> boto3.session.Session:
+        """The amazon provider's session; a synchronous one shares botocore's data loader (:func:`share_data_loader`)."""
+        session = super().get_session(region_name=region_name, deferrable=deferrable)
+        return session if deferrable else share_data_loader(session)
 
     @property
     def connection_description(self) -> str:

@@ -104,6 +104,23 @@ def test_region_comes_from_the_connection_extra(monkeypatch, moto_endpoint, uniq
         KinesisStreamHook(aws_conn_id=conn_id, region_name="us-east-1").list_shards(unique_name)
 
 
+def test_the_hooks_sessions_share_botocore_data_loader(monkeypatch, moto_endpoint, kinesis, unique_name):
+    """botocore parses its data files (endpoints.json, service models) once per loader: the hooks
+    of one process share one loader, whatever their connection and region, and still call the
+    region and endpoint of their own connection."""
+    us = connect(monkeypatch, "aws_us", moto_endpoint)
+    eu = connect(monkeypatch, "aws_eu", moto_endpoint, region_name="eu-west-1")
+    create_stream(kinesis, unique_name, 1)
+    hooks = [KinesisStreamHook(aws_conn_id=us), DynamoDBCheckpointHook(aws_conn_id=us), KinesisStreamHook(aws_conn_id=eu)]
+    loaders = {id(hook.get_session(region_name=hook.region_name)._session.get_component("data_loader")) for hook in hooks}
+    assert len(loaders) == 1
+    assert [h.conn.meta.region_name for h in hooks] == ["us-east-1", "us-east-1", "eu-west-1"]
+    assert len(hooks[0].list_shards(unique_name)) == 1
+    hooks[1].conn.list_tables()
+    with pytest.raises(StreamNotFoundError, match="in region 'eu-west-1'"):
+        hooks[2].list_shards(unique_name)
+
+
 # -- (b) role_arn: assume-role through STS ------------------------------------------------------
 
 

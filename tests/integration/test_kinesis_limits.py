@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError
 from airflow_kinesis_spark.core.planner import plan_incremental
 from airflow_kinesis_spark.core.reader import ShardReader, read_concurrently
 from airflow_kinesis_spark.core.shards import list_shards
-from benchmarks.kinesis_limits import MIB, KinesisLimits, ThrottlingProxy
+from benchmarks.kinesis_limits import MIB, KinesisLimits, LimitsProxyProcess, ThrottlingProxy
 from benchmarks.workload import access_log_lines, load_backlog, naive_consume
 from demo.producer import put_plain
 from tests.conftest import DATA_DIR, REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
@@ -177,3 +177,19 @@ def test_enhanced_fan_out_consumers_each_have_their_own_2_mib_per_second(kinesis
         # Each EFO consumer is held to 2 shards x 2 MiB/s: its ~6 MiB took at least about 1.5 s
         # (less the first event of each shard, which goes at once).
         assert elapsed >= 0.9 * (loaded["bytes"] - 2 * MIB) / (2 * 2 * MIB), elapsed
+
+
+def test_the_proxy_in_a_process_of_its_own_serves_and_counts(kinesis, moto_endpoint, stream):
+    """``make bench`` runs the proxy as LimitsProxyProcess: its counts are asked from the process, current each time."""
+    create_stream(kinesis, stream, 1)
+    kinesis.put_record(StreamName=stream, Data=b"x", PartitionKey="k")
+    with LimitsProxyProcess(moto_endpoint) as proxy:
+        c = client(proxy.endpoint)
+        assert proxy.stats["GetShardIterator"] == 0
+        (rng,) = ranges(kinesis, stream)
+        records, report = ShardReader(c, stream, rng, min_call_interval=0).read_all()
+        assert [r.data for r in records] == [b"x"] and report.stop_reason == "caught_up"
+        assert proxy.stats["GetShardIterator"] == 1 and proxy.stats[f"GetRecords:{stream}"] == report.get_records_calls == 1
+        assert proxy.read_rate(stream) > 0
+        process = proxy._process
+    assert process is not None and process.poll() is not None  # stopped with the block
