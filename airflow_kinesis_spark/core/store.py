@@ -1104,9 +1104,5 @@ class DynamoDBCheckpointStore:
             except Exception as err:  # noqa: BLE001 - the mirror is derived data
                 log.warning("could not update the KCL-style lease mirror of %s: %s", item["leaseKey"]["S"], err)
 
-        if len(puts) <= 1:
-            for item in puts:
-                put(item)
-            return
         with ThreadPoolExecutor(max_workers=pool_threads(self.client, len(puts))) as pool:
             list(pool.map(put, puts))
