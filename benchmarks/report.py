@@ -231,6 +231,22 @@ def _mib(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+#: The memory section's process roles (``benchmarks.run.ROLES``) as the report names them.
+_ROLE_NAMES = {"jvm": "JVM", "python_driver": "Python driver", "pyspark_daemon": "pyspark daemon",
+               "python_workers": "Python workers", "other": "other"}  # fmt: skip
+
+
+def _peak_by_role(rows: list[dict[str, Any]]) -> str:
+    """The memory rows' highest peaks by process role (one sentence), or ``""`` for results without them."""
+    parts = [
+        f"{r['backlog_mib']:.0f} MiB backlog: "
+        + ", ".join(f"{_ROLE_NAMES.get(role, role)} {mib:.0f}" for role, mib in r["peak_by_role_mib"].items())
+        for r in rows
+        if r.get("peak_by_role_mib")
+    ]
+    return f" The highest peak of each row by process role (MiB; JSON: `peak_processes`): {'; '.join(parts)}." if parts else ""
+
+
 def _memory(n: int, results: dict[str, Any]) -> list[str]:
     m, h = results["memory"], results["headline"]
     capped, uncapped = m["capped"], m["uncapped"]
@@ -271,7 +287,8 @@ def _memory(n: int, results: dict[str, Any]) -> list[str]:
         "larger backlog." + (
             f" The heap in use after GC, max: {capped[0]['heap_after_gc_mib']:.0f} and {capped[1]['heap_after_gc_mib']:.0f} MiB "
             f"(inside the fixed {m['heap']} heap, so it does not move the peaks)."
-            if capped[0].get("heap_after_gc_mib") and capped[1].get("heap_after_gc_mib") else ""),
+            if capped[0].get("heap_after_gc_mib") and capped[1].get("heap_after_gc_mib") else "")
+        + _peak_by_role(capped),
         "",
         "One uncapped batch per backlog (no `max_bytes_per_shard`; one run each):",
         "",

@@ -142,58 +142,150 @@ def ingest(stream: str, output: Path, *, connect: bool | str = False, paced: boo
     return summary, time.monotonic() - started
 
 
+#: The roles of a spark-submit job's processes (:class:`MemorySampler`), in the order reports list them:
+#: the JVM (driver and executor in local mode), the Python driver running the job's script,
+#: pyspark's daemon (``-m pyspark.daemon``, started by the JVM for the first Python task), the
+#: Python workers (forked by the daemon, or ``-m pyspark.worker``), anything else under the JVM.
+ROLES = ("jvm", "python_driver", "pyspark_daemon", "python_workers", "other")
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process of a job in one sample: ``pss`` in bytes, ``command`` its command line (:func:`short_command`)."""
+
+    pid: int
+    role: str
+    pss: int
+    command: str
+
+
+def process_role(cmdline: list[str], parent_cmdline: list[str] | None, is_root: bool) -> str:
+    """The role (one of :data:`ROLES`) of a process of a spark-submit job, from its command line and its
+    parent's (``None``: unknown); ``is_root``: the job's JVM. A worker forked by pyspark's daemon keeps
+    the daemon's command line, so it is told apart by its parent."""
+    if is_root:
+        return "jvm"
+    if not cmdline or not os.path.basename(cmdline[0]).startswith("python"):
+        return "other"
+    text = " ".join(cmdline)
+    if "pyspark.daemon" in text:
+        return "python_workers" if parent_cmdline is not None and "pyspark.daemon" in " ".join(parent_cmdline) else "pyspark_daemon"
+    if "pyspark.worker" in text:
+        return "python_workers"
+    return "python_driver" if "kinesis_batch.py" in text else "other"
+
+
+def short_command(cmdline: list[str], width: int = 100) -> str:
+    """A command line in at most ``width`` characters: the program's file name, then its arguments,
+    a class path (``-cp``, ``-classpath``) left out (``...``)."""
+    args = [os.path.basename(cmdline[0]) if cmdline else "?"]
+    for prev, arg in zip(cmdline, cmdline[1:]):
+        args.append("..." if prev in ("-cp", "-classpath") else arg)
+    return " ".join(args)[:width]
+
+
 class MemorySampler:
-    """Peak memory of the spark-submit job (its JVM and every Python process under it), as the
-    sum of their proportional set sizes (PSS, Linux)."""
+    """Peak memory of the spark-submit job (its JVM and every process under it), as the sum of
+    their proportional set sizes (PSS, Linux), sampled every ``interval`` seconds.
+
+    After the ``with`` block: ``peak_total``, ``peak_jvm`` and ``peak_python`` (bytes; each its own
+    maximum over the samples; "python" is every process but the JVM), ``peak_by_role`` (bytes per
+    role of :data:`ROLES` in the sample where the total peaked) and ``peak_processes`` (that
+    sample's processes, :class:`ProcessMemory`), so a peak can be explained.
+    """
 
     def __init__(self, interval: float = 0.05) -> None:
         self.interval = interval
         self.peak_total = self.peak_jvm = self.peak_python = 0
+        self.peak_by_role: dict[str, int] = dict.fromkeys(ROLES, 0)
+        self.peak_processes: list[ProcessMemory] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+        self._error: BaseException | None = None
 
     def __enter__(self) -> MemorySampler:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stops the sampling. :raises RuntimeError: the sampling failed (its peaks would be too low)."""
         self._stop.set()
         self._thread.join()
+        if self._error is not None and exc[0] is None:
+            raise RuntimeError(f"memory sampling stopped early: {self._error!r}") from self._error
 
-    def _job_processes(self) -> list[psutil.Process]:
-        roots = []
+    def _sample_until_stopped(self) -> None:
+        try:
+            self._run()
+        except BaseException as err:  # noqa: BLE001 - raised again by __exit__
+            self._error = err
+
+    @staticmethod
+    def _job_processes() -> list[tuple[psutil.Process, str, list[str]]]:
+        """The job's processes, each with its role and command line: every spark-submit JVM
+        running ``kinesis_batch.py`` under this process and the processes under it.
+
+        Not counted: the launcher JVM that builds spark-submit's command line, and a process the
+        JVM is starting (``ProcessBuilder``: the Python driver, pyspark's daemon) until it runs
+        its own program (``jspawnhelper``, then Python). Until then it runs in the JVM's memory
+        (``posix_spawn`` clones the JVM) and has the JVM's command line and name; counted, it
+        added the JVM's PSS a second time to one sample (about 1.2 GiB), or twice when it was
+        also taken for a second job JVM.
+        """
+        candidates: dict[int, tuple[psutil.Process, list[str], int]] = {}
         for child in psutil.Process().children(recursive=True):
             try:
-                if any("kinesis_batch.py" in part for part in child.cmdline()) and child.name() == "java":
-                    roots.append(child)
+                cmdline = child.cmdline()
+                if (child.name() == "java" and any("kinesis_batch.py" in part for part in cmdline)
+                        and "org.apache.spark.launcher.Main" not in cmdline):  # fmt: skip
+                    candidates[child.pid] = (child, cmdline, child.ppid())
             except psutil.Error:
                 continue
         procs = []
-        for root in roots:
-            procs.append(root)
+        for root, root_cmdline, root_parent in candidates.values():
+            if root_parent in candidates:  # a process the job's JVM is starting (see above)
+                continue
+            procs.append((root, "jvm", root_cmdline))
             try:
-                procs.extend(root.children(recursive=True))
+                descendants = root.children(recursive=True)
             except psutil.Error:
-                pass
+                continue
+            seen = {root.pid: (root_cmdline, 0)}  # pid: (command line, parent pid)
+            for proc in descendants:
+                try:
+                    seen[proc.pid] = (proc.cmdline(), proc.ppid())
+                except psutil.Error:
+                    continue
+            for proc in descendants:
+                if proc.pid not in seen:
+                    continue
+                cmdline, parent = seen[proc.pid]
+                # The command line is read before the PSS: one that is still the JVM's means the
+                # PSS would be read from the JVM's memory, or from the new program's (smaller).
+                if cmdline == root_cmdline:
+                    continue
+                parent_cmdline = seen[parent][0] if parent in seen else None
+                procs.append((proc, process_role(cmdline, parent_cmdline, False), cmdline))
         return procs
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            jvm = python = 0
-            for proc in self._job_processes():
+            sample = []
+            for proc, role, cmdline in self._job_processes():
                 try:
                     # PSS: pages shared with another process (pyspark's forked workers share
                     # their daemon's) count once in all, not once per process as in RSS.
-                    rss = proc.memory_full_info().pss
-                    if proc.name() == "java":
-                        jvm += rss
-                    else:
-                        python += rss
+                    pss = proc.memory_full_info().pss
                 except psutil.Error:
                     continue
+                sample.append(ProcessMemory(proc.pid, role, pss, short_command(cmdline)))
+            jvm = sum(p.pss for p in sample if p.role == "jvm")
+            total = sum(p.pss for p in sample)
             self.peak_jvm = max(self.peak_jvm, jvm)
-            self.peak_python = max(self.peak_python, python)
-            self.peak_total = max(self.peak_total, jvm + python)
+            self.peak_python = max(self.peak_python, total - jvm)
+            if total > self.peak_total:
+                self.peak_total, self.peak_processes = total, sample
+                self.peak_by_role = {role: sum(p.pss for p in sample if p.role == role) for role in ROLES}
             self._stop.wait(self.interval)
 
 
@@ -505,22 +597,29 @@ def _memory_run(b: Bench, stream: str, mib: float, cap: int | None) -> dict[str,
         if cap is None:
             break
     check({"records": records}, loaded, stream)
+    top = max(peaks, key=lambda p: p.peak_total)  # the batch whose job peaked highest
     return {"backlog_mib": loaded["bytes"] / MIB, "records": records, "batches": len(peaks),
             "wall_s": time.monotonic() - started,
-            "peak_total_mib": max(p.peak_total for p in peaks) / MIB,
+            "peak_total_mib": top.peak_total / MIB,
             "peak_jvm_mib": max(p.peak_jvm for p in peaks) / MIB,
             "peak_python_mib": max(p.peak_python for p in peaks) / MIB,
+            "peak_by_role_mib": {role: round(v / MIB, 1) for role, v in top.peak_by_role.items()},
+            "peak_processes": [{"pid": p.pid, "role": p.role, "pss_mib": round(p.pss / MIB, 1), "command": p.command}
+                               for p in top.peak_processes],
             "heap_after_gc_mib": max((x for x in live if x is not None), default=None),
             "per_batch_peak_total_mib": [round(p.peak_total / MIB) for p in peaks],
             "per_batch_peak_jvm_mib": [round(p.peak_jvm / MIB) for p in peaks],
+            "per_batch_peak_python_mib": [round(p.peak_python / MIB) for p in peaks],
             "per_batch_heap_after_gc_mib": live}  # fmt: skip
 
 
 def _worst(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One backlog's repeats as one row: the maxima of the peaks, every repeat's figures kept."""
     after_gc = [r["heap_after_gc_mib"] for r in runs if r["heap_after_gc_mib"] is not None]
+    top = max(runs, key=lambda r: r["peak_total_mib"])  # the repeat whose peak the row gives
     return {**runs[0], "repeats": len(runs),
-            "peak_total_mib": max(r["peak_total_mib"] for r in runs),
+            "peak_total_mib": top["peak_total_mib"],
+            "peak_by_role_mib": top["peak_by_role_mib"], "peak_processes": top["peak_processes"],
             "peak_jvm_mib": max(r["peak_jvm_mib"] for r in runs),
             "peak_python_mib": max(r["peak_python_mib"] for r in runs),
             "heap_after_gc_mib": max(after_gc, default=None),
