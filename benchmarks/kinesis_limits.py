@@ -156,7 +156,9 @@ class ThrottlingProxy(ForwardingProxy):
 
     def read_rate(self, stream: str) -> float:
         """Bytes per second served to ``stream``'s GetRecords with ``Limit`` > 1, from the first
-        such call to the last response."""
+        such call to the last response or, if later, to when the bytes served were paid for at
+        the shard's ``read_bytes_per_second`` (the service's debt rule lets one response run
+        ahead of the rate; the next call waits for it): at most the limit for a paced reader."""
         return _read_rate(self.stats, self.read_window, stream)
 
     def state(self) -> dict:
@@ -355,13 +357,16 @@ class ThrottlingProxy(ForwardingProxy):
             self.stats["GetRecords.bytes"] += total
             self.stats["GetRecords.records"] += len(records)
             self.stats["GetRecords.largest_response_bytes"] = max(self.stats["GetRecords.largest_response_bytes"], total)
-            if int(limit) > 1:
-                self.stats[f"bytes:{stream}"] += total
-                self.read_window[stream][1] = time.monotonic()
             # Charged to the call, from its arrival (the shard was out of debt then).
             state = self._shard(stream, shard)
             state.debt = max(0.0, state.debt - (now - state.debt_at) * self.limits.read_bytes_per_second) + total
             state.debt_at = now
+            if int(limit) > 1:
+                self.stats[f"bytes:{stream}"] += total
+                # The read lasts until its bytes are paid for at the shard's rate: a reader that
+                # stops at the response reaching the tip owes the pause after it all the same.
+                repaid = now + state.debt / self.limits.read_bytes_per_second
+                self.read_window[stream][1] = max(self.read_window[stream][1], time.monotonic(), repaid)
         self._remember(response.get("NextShardIterator"), stream, shard)
         self.answer(request, status, headers, payload)
 

@@ -35,6 +35,10 @@ class ForwardingProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # An answer is written as headers, then body: with Nagle's algorithm on, the body
+            # waits for the client's delayed acknowledgement of the headers (up to 40 ms on
+            # Linux) on every kept-alive connection.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:  # quiet
                 pass

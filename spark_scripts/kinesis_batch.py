@@ -142,17 +142,18 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         import pyarrow.compute as pc
         from botocore.config import Config
 
+        from airflow_kinesis_spark.core.pool import share_data_loader
         from airflow_kinesis_spark.core.reader import ShardReader, read_concurrently
 
         from airflow_kinesis_spark.core.ranges import ShardRange
 
         ranges = [ShardRange.from_dict(json.loads(r)) for batch in batches for r in batch.column(0).to_pylist()]
-        session = boto3.session.Session(
+        session = share_data_loader(boto3.session.Session(  # a reused Python worker parses botocore's data once
             aws_access_key_id=aws_env.get("AWS_ACCESS_KEY_ID"),
             aws_secret_access_key=aws_env.get("AWS_SECRET_ACCESS_KEY"),
             aws_session_token=aws_env.get("AWS_SESSION_TOKEN"),
             region_name=aws_env.get("AWS_DEFAULT_REGION") or aws_env.get("AWS_REGION"),
-        )
+        ))
         client = session.client(
             "kinesis",
             endpoint_url=aws_env.get("AWS_ENDPOINT_URL_KINESIS") or aws_env.get("AWS_ENDPOINT_URL"),

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Mapping
 from urllib.parse import urlparse
 from functools import cached_property
 from typing import Any
 
 import boto3
-import botocore.loaders
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFactory
 from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.job import STAGING_DIR
 from airflow_kinesis_spark.core.names import parse_stream_arn, validate_stream_name
+from airflow_kinesis_spark.core.pool import share_data_loader
 from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
 
 #: Default lifetime of the Spark job's temporary credentials (seconds). A batch that reads
@@ -26,30 +25,7 @@ JOB_CREDENTIALS_SECONDS = 3600
 STS_MIN_SECONDS = 900
 _UNSCOPED_WARNED: list[bool] = []
 
-#: botocore's data loaders, one per data path (``AWS_DATA_PATH``), shared by every session the
-#: hooks of this process create (:func:`share_data_loader`).
-_DATA_LOADERS: dict[str, botocore.loaders.Loader] = {}
-_DATA_LOADERS_LOCK = threading.Lock()
-
-
-def share_data_loader(session: boto3.session.Session) -> boto3.session.Session:
-    """Give ``session`` the data loader of the first session this process made for the same data path.
-
-    botocore reads its data files (``endpoints.json``, about 1 MB, the endpoint rule sets, each
-    service's model) once per loader, and every boto3 session brings a loader of its own: each
-    hook's session parsed them again (a no-data run of the operator made two such sessions:
-    about half of its CPU time at 256 shards). The files are read-only data, the same for every
-    credential and region, so one loader serves all sessions; botocore caches what it loaded on
-    the loader (``instance_cache``). Returns ``session``.
-    """
-    core = session._session  # boto3 keeps its botocore session there
-    path = str(core.get_config_variable("data_path"))
-    with _DATA_LOADERS_LOCK:
-        loader = _DATA_LOADERS.setdefault(path, core.get_component("data_loader"))
-    core.register_component("data_loader", loader)
-    return session
-
-__all__ = ["FailFastAwsHook", "KinesisStreamHook", "share_data_loader", "validate_stream_name"]
+__all__ = ["FailFastAwsHook", "KinesisStreamHook", "validate_stream_name"]
 
 
 class FailFastAwsHook(AwsBaseHook):
