@@ -16,6 +16,19 @@ from urllib.parse import urlparse
 __all__ = ["ForwardingProxy"]
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, like http.server's; with a listen backlog for many callers at once.
+
+    socketserver listens with a backlog of 5: when a Spark job's readers open their connections
+    together (a thread per shard range), Linux drops the connections beyond the backlog and the
+    callers send again after 1 s, then 3 s (TCP's retransmission timeout): reads of a few shards
+    took a second or two more than the others.
+    """
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+
 class ForwardingProxy:
     """Start with :meth:`start`; ``endpoint`` is its URL.
 
@@ -51,8 +64,7 @@ class ForwardingProxy:
 
             do_GET = do_POST  # noqa: N815
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def start(self) -> ForwardingProxy:

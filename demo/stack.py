@@ -50,11 +50,16 @@ def local_server(command: list[str], port: int, name: str, timeout: float = 30.0
             proc.kill()
 
 
+def moto_command(port: int) -> list[str]:
+    """The command that runs moto's server on 127.0.0.1:``port`` (``demo/moto_server.py``: a listen backlog of 1024)."""
+    return [sys.executable, str(ROOT / "demo" / "moto_server.py"), "-H", "127.0.0.1", "-p", str(port)]
+
+
 @contextmanager
 def moto_server(port: int | None = None) -> Iterator[str]:
     """moto in server mode (Kinesis, DynamoDB, S3) on 127.0.0.1; yields its endpoint URL."""
     port = port or free_port()
-    with local_server([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "moto_server") as url:
+    with local_server(moto_command(port), port, "moto_server") as url:
         yield url
 
 

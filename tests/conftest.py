@@ -5,10 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from demo.stack import free_port
+from demo.stack import free_port, moto_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "data"
@@ -75,8 +73,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def moto_endpoint() -> Iterator[str]:
     """moto in server mode (DynamoDB, Kinesis, S3) on a free port of 127.0.0.1."""
     port = free_port()
-    moto = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
-    proc = _start([moto, "-H", "127.0.0.1", "-p", str(port)], port, "moto_server")
+    proc = _start(moto_command(port), port, "moto_server")
     yield f"http://127.0.0.1:{port}"
     _stop(proc)
 

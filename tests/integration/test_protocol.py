@@ -67,11 +67,8 @@ class ReaderJob:
 
 
 def settings(stream: str, **kwargs) -> IncrementalSettings:
-    # Arrival timestamps and a plan's cutoff are whole milliseconds: a record put in the same
-    # millisecond as the cutoff arrives "at the cutoff" and is left for the next batch. The
-    # tests' records were all put before: the cutoff is 2 ms on, so none is left behind.
     values = {"stream_name": stream, "consumer_name": "lake", "output_root": "mem://out",
-              "cutoff": datetime.now(timezone.utc) + timedelta(milliseconds=2), "min_call_interval": 0.0, **kwargs}  # fmt: skip
+              "cutoff": datetime.now(timezone.utc), "min_call_interval": 0.0, **kwargs}  # fmt: skip
     return IncrementalSettings(**values)
 
 
