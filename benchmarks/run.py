@@ -177,11 +177,13 @@ def process_role(cmdline: list[str], parent_cmdline: list[str] | None, is_root: 
 
 def short_command(cmdline: list[str], width: int = 100) -> str:
     """A command line in at most ``width`` characters: the program's file name, then its arguments,
-    a class path (``-cp``, ``-classpath``) left out (``...``)."""
+    a class path (``-cp``, ``-classpath``) left out (``...``), paths in the checkout relative to it
+    and the temporary directory written ``$TMPDIR`` (the report names no path of the machine)."""
     args = [os.path.basename(cmdline[0]) if cmdline else "?"]
     for prev, arg in zip(cmdline, cmdline[1:]):
         args.append("..." if prev in ("-cp", "-classpath") else arg)
-    return " ".join(args)[:width]
+    text = " ".join(args).replace(f"{ROOT}{os.sep}", "").replace(tempfile.gettempdir(), "$TMPDIR")
+    return text[:width]
 
 
 class MemorySampler:

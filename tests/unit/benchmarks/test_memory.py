@@ -111,3 +111,13 @@ def test_a_failed_sampling_is_raised_when_the_block_ends(monkeypatch):
     with pytest.raises(RuntimeError, match="memory sampling stopped early"):
         with run.MemorySampler(interval=0.01):
             time.sleep(0.05)
+
+
+def test_a_command_in_the_report_names_no_path_of_the_machine():
+    import tempfile
+
+    command = run.short_command([
+        "/usr/bin/java", "-cp", "/opt/jars/*", f"-Xlog:gc:file={tempfile.gettempdir()}/kinesis-bench-x/gc-1",
+        str(run.ROOT / "spark_scripts" / "kinesis_batch.py"), "--stream", "s",
+    ], width=500)  # fmt: skip
+    assert command == "java -cp ... -Xlog:gc:file=$TMPDIR/kinesis-bench-x/gc-1 spark_scripts/kinesis_batch.py --stream s"
