@@ -34,7 +34,9 @@ def environ_after_exec(pid: int) -> dict[str, str]:
     while time.monotonic() < deadline:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
-        if b"spark-submit" in cmdline and b"die_with_parent" not in cmdline:  # past fork and both execs
+        # past the wrapper's fork and exec: spark-submit, then spark-class and the JVM (SparkSubmit)
+        # replace one another quickly; the environment stays the same through each exec
+        if b"die_with_parent" not in cmdline and (b"spark-submit" in cmdline or b"SparkSubmit" in cmdline):
             break
         time.sleep(0.005)
     with open(f"/proc/{pid}/environ", "rb") as fh:
