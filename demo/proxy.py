@@ -91,32 +91,26 @@ class ForwardingProxy:
 
     def call_upstream(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, list[tuple[str, str]], bytes]:
         headers = {k: v for k, v in headers.items() if k.lower() not in ("host", "connection", "content-length")}
-        if not self.keep_alive:
-            conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=120)
-            try:
-                conn.request(method, path, body=body, headers=headers)
-                response = conn.getresponse()
-                return response.status, response.getheaders(), response.read()
-            finally:
-                conn.close()
-        conn = getattr(self._connections, "conn", None)
-        reused = conn is not None
-        if conn is None:
-            conn = self._connections.conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=120)
+        kept = getattr(self._connections, "conn", None) if self.keep_alive else None
+        conn = kept or http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=120)
+        self._connections.conn = None  # held by this call; kept again only after a whole answer
         try:
             conn.request(method, path, body=body, headers=headers)
             response = conn.getresponse()
-            return response.status, response.getheaders(), response.read()
+            answer = response.status, response.getheaders(), response.read()
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
             conn.close()
-            self._connections.conn = None
-            if not reused:
+            if kept is None:
                 raise
             return self.call_upstream(method, path, body, headers)  # the kept connection had been closed
         except BaseException:
             conn.close()
-            self._connections.conn = None
             raise
+        if self.keep_alive:
+            self._connections.conn = conn
+        else:
+            conn.close()
+        return answer
 
     @staticmethod
     def answer(request: BaseHTTPRequestHandler, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
