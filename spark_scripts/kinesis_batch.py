@@ -143,7 +143,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         from botocore.config import Config
 
         from airflow_kinesis_spark.core.pool import share_data_loader
-        from airflow_kinesis_spark.core.reader import ShardReader, read_concurrently
+        from airflow_kinesis_spark.core.reader import ShardReader, own_throttling, read_concurrently
 
         from airflow_kinesis_spark.core.ranges import ShardRange
 
@@ -154,7 +154,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
             aws_session_token=aws_env.get("AWS_SESSION_TOKEN"),
             region_name=aws_env.get("AWS_DEFAULT_REGION") or aws_env.get("AWS_REGION"),
         ))
-        client = session.client(
+        client = own_throttling(session.client(  # throttling is the readers' to retry, in step with each shard's budget
             "kinesis",
             endpoint_url=aws_env.get("AWS_ENDPOINT_URL_KINESIS") or aws_env.get("AWS_ENDPOINT_URL"),
             verify=aws_env.get("AWS_CA_BUNDLE") or None,
@@ -162,7 +162,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                 retries={"mode": "standard", "max_attempts": 10}, connect_timeout=10, read_timeout=60,
                 max_pool_connections=max(10, 2 * len(ranges)),
             ),
-        )
+        ))
         schema = arrow_schema(("_quarantine_reason", "string"), ("_report", "string"))
         readers = [
             ShardReader(

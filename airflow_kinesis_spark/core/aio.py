@@ -45,16 +45,18 @@ BACKLOG_CONCURRENCY = 16
 
 
 async def _call(reader: ShardReader, method: Any, **kwargs: Any) -> dict[str, Any]:
-    attempt = 0
+    """Await ``method`` (an aiobotocore client's), retrying throttling errors as ``ShardReader._call`` does."""
+    attempt, waited = 0, 0.0
     while True:
         try:
             return await method(**kwargs)
         except ClientError as err:
-            delay = reader.throttle_delay(err.response.get("Error", {}).get("Code", ""), attempt)
+            code = err.response.get("Error", {}).get("Code", "")
+            delay = reader.throttle_delay(code, attempt, getattr(method, "__name__", ""), waited)
             if delay is None:
                 raise
             await asyncio.sleep(delay)
-            attempt += 1
+            attempt, waited = attempt + 1, waited + delay
 
 
 async def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> list[Shard]:

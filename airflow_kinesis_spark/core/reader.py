@@ -64,6 +64,7 @@ __all__ = [
     "GET_RECORDS_MAX_BYTES",
     "READ_BYTES_PER_SECOND",
     "THROTTLING_ERRORS",
+    "own_throttling",
 ]
 
 #: GetRecords returns at most 10,000 records per call (Kinesis API reference, GetRecords).
@@ -137,10 +138,57 @@ class ReadOptions:
         return [*args, "--records-expected"] if records_expected else args
 
 
-#: Errors that mean "slow down", retried with exponential backoff and full jitter.
+#: Errors that mean "slow down", retried with exponential backoff and full jitter (but see
+#: :data:`READ_BUDGET_ERROR`).
 THROTTLING_ERRORS = frozenset(
     {"ProvisionedThroughputExceededException", "KMSThrottlingException", "LimitExceededException"}
 )
+#: GetRecords' answer when the shard's read budget (2 MiB/s, 5 calls/s, shared by every polling
+#: consumer of the shard) is spent (Kinesis API reference, GetRecords). Retried in step with the
+#: budget, not with exponential backoff: see :meth:`ShardReader.throttle_delay`.
+READ_BUDGET_ERROR = "ProvisionedThroughputExceededException"
+#: The smallest share of a shard's read budget a reader paces itself to after throttling (1/8:
+#: eight polling consumers of one shard), and what each GetRecords answered adds back to it.
+MIN_READ_SHARE = 1 / 8
+READ_SHARE_STEP = 0.1
+#: Seconds between retries of a GetRecords call the read budget throttled, as a fraction of
+#: ``min_call_interval`` (uniform in this range): short, so a throttled reader finds the budget
+#: as soon as it is free again (a longer wait would leave it to whichever reader's pacing ends first).
+BUDGET_RETRY_SPREAD = (0.5, 1.5)
+#: Reader operations whose throttling errors reach :class:`ShardReader` at once (:func:`own_throttling`).
+READER_OPERATIONS = ("GetRecords", "GetShardIterator", "SubscribeToShard")
+
+
+def own_throttling(client: Any) -> Any:
+    """Let the readers retry the throttling errors of their own calls; returns ``client``.
+
+    botocore's retry modes retry ``ProvisionedThroughputExceededException`` within the call, with
+    exponential backoff of up to 20 s (standard mode), out of :class:`ShardReader`'s sight: the
+    report's ``throttled_calls`` then says 0, and on a shared stream the reader that drew the long
+    waits leaves the shard idle and falls behind the others. This registers a first
+    ``needs-retry`` handler for :data:`READER_OPERATIONS` that raises a throttling error response
+    (:data:`THROTTLING_ERRORS`) as the client's modeled exception at once; every other error
+    (lost connections, 5xx, ...) keeps the client's own retries. Other operations are untouched.
+    Idempotent (one handler per client and operation).
+
+    :param client: a boto3 (synchronous) Kinesis client.
+    """
+    events = client.meta.events
+    service = client.meta.service_model.service_id.hyphenize()
+
+    def raise_throttling(response: Any = None, operation: Any = None, **_: Any) -> None:
+        if response is None:  # no response (a connection error): the client's retries
+            return None
+        parsed = response[1]
+        code = parsed.get("Error", {}).get("Code", "") if isinstance(parsed, Mapping) else ""
+        if code in THROTTLING_ERRORS:
+            raise client.exceptions.from_code(code)(parsed, operation.name)
+        return None
+
+    for operation in READER_OPERATIONS:
+        events.register_first(f"needs-retry.{service}.{operation}", raise_throttling,
+                              unique_id=f"airflow-kinesis-spark-own-throttling-{operation}")  # fmt: skip
+    return client
 
 
 
@@ -377,9 +425,15 @@ class ShardReader:
         most 10 MiB, the service's cap of one response).
     :param initial_limit: ``Limit`` of the first call, before any record size is known
         (default ``INITIAL_LIMIT``, 100).
-    :param max_throttle_retries: retries of one call on a throttling error before giving up.
+    :param max_throttle_retries: retries of one call on a throttling error before giving up
+        (but see ``max_budget_wait``).
     :param backoff_base: seconds; the n-th retry sleeps uniform(0, min(backoff_cap, base * 2**n)).
     :param backoff_cap: seconds.
+    :param max_budget_wait: seconds one GetRecords call may keep being answered
+        ``ProvisionedThroughputExceededException`` (the shard's read budget, shared by every
+        polling consumer of the shard, is spent) before the read fails. Such a call is retried
+        every ``min_call_interval`` or so (:data:`BUDGET_RETRY_SPREAD`), and the reader then paces
+        itself to a share of the budget (:attr:`read_share`).
     :param sleep: injectable ``time.sleep``.
     :param consumer_arn: read with enhanced fan-out (``SubscribeToShard``) as this registered
         stream consumer instead of ``GetRecords``: events are pushed (2 MiB/s per shard for each
@@ -413,6 +467,7 @@ class ShardReader:
         max_throttle_retries: int = 12,
         backoff_base: float = 0.25,
         backoff_cap: float = 10.0,
+        max_budget_wait: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         consumer_arn: str | None = None,
@@ -434,9 +489,17 @@ class ShardReader:
         self.max_throttle_retries = max_throttle_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
+        self.max_budget_wait = max_budget_wait
+        #: The share of the shard's read budget the pacing aims at (:meth:`pause_after_response`):
+        #: 1 until GetRecords is throttled (another consumer reads the shard too), then halved on
+        #: each throttled call (to at least :data:`MIN_READ_SHARE`) and raised by
+        #: :data:`READ_SHARE_STEP` on each answered one: additive increase, multiplicative
+        #: decrease, as TCP shares a link, so polling consumers of one shard converge on equal shares.
+        self.read_share = 1.0
         self._sleep = sleep
         self._clock = clock
         self._ready_at: float | None = None
+        self._sent_at = 0.0
         self.report: ShardReport | None = None
         self.next_iterator: str | None = None
         #: ``Limit`` of the GetRecords call whose response :meth:`accept` takes next (None: an event).
@@ -504,17 +567,35 @@ class ShardReader:
 
     def pause_after_response(self) -> float:
         """Seconds between a GetRecords call and the next one: at least ``min_call_interval``,
-        and the time the shard's read budget needs to pay for the response's bytes."""
+        and the time the shard's read budget needs to pay for the response's bytes; both
+        divided by :attr:`read_share`."""
         pause = self.min_call_interval
         if self.read_bytes_per_second:
             pause = max(pause, self.last_response_bytes / self.read_bytes_per_second)
-        return pause
+        return pause / self.read_share
 
-    def throttle_delay(self, error_code: str, attempt: int) -> float | None:
-        """Seconds to wait before retry ``attempt`` (0-based) of a call that failed with
-        ``error_code``; ``None`` when the error is not a throttling error or retries are spent.
-        Exponential backoff with full jitter."""
-        if error_code not in THROTTLING_ERRORS or attempt >= self.max_throttle_retries:
+    def throttle_delay(self, error_code: str, attempt: int, operation: str = "", waited: float = 0.0) -> float | None:
+        """Seconds to wait before retry ``attempt`` (0-based) of call ``operation`` (boto3's
+        name, ``get_records``) that failed with ``error_code``, ``waited`` seconds after its first
+        throttled attempt; ``None`` when the error is not a throttling error or retries are spent.
+
+        GetRecords answered :data:`READ_BUDGET_ERROR`: the shard's read budget is spent, by this
+        reader's last response or by other consumers of the shard. The retry comes about
+        ``min_call_interval`` later (:data:`BUDGET_RETRY_SPREAD`), until ``max_budget_wait``
+        seconds passed, and :attr:`read_share` is halved. Exponential backoff, growing to seconds,
+        would leave the budget to whichever reader's pacing ends first: on a shared stream one
+        consumer would read while the others wait. Every other throttling error: exponential
+        backoff with full jitter, at most ``max_throttle_retries`` retries.
+        """
+        if error_code not in THROTTLING_ERRORS:
+            return None
+        if operation == "get_records" and error_code == READ_BUDGET_ERROR:
+            if waited >= self.max_budget_wait:
+                return None
+            self._p.throttled += 1
+            self.read_share = max(MIN_READ_SHARE, self.read_share / 2)
+            return random.uniform(*BUDGET_RETRY_SPREAD) * max(self.min_call_interval, 0.01)
+        if attempt >= self.max_throttle_retries:
             return None
         self._p.throttled += 1
         return random.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
@@ -538,6 +619,8 @@ class ShardReader:
         call's iterator.
         """
         rng = self.range
+        if self.asked_limit is not None:  # a GetRecords call was answered
+            self.read_share = min(1.0, self.read_share + READ_SHARE_STEP)
         self._p.millis_behind_latest = response.get("MillisBehindLatest")
         page = Page(rng.shard_id)
         records = response.get("Records", [])
@@ -590,19 +673,21 @@ class ShardReader:
     # -- the synchronous driver ----------------------------------------------------------------
 
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
-        """Call Kinesis, retrying throttling errors (:meth:`throttle_delay`)."""
-        attempt = 0
+        """Call Kinesis, retrying throttling errors (:meth:`throttle_delay`); :attr:`_sent_at`
+        is the clock when the attempt that was answered was sent."""
+        attempt, waited = 0, 0.0
         while True:
             try:
+                self._sent_at = self._clock()
                 return getattr(self.client, operation)(**kwargs)
             except self.client.exceptions.ClientError as err:
                 code = err.response.get("Error", {}).get("Code", "")
-                delay = self.throttle_delay(code, attempt)
+                delay = self.throttle_delay(code, attempt, operation, waited)
                 if delay is None:
                     raise
                 log.info("shard %s: %s on %s, retry %d in %.2fs", self.range.shard_id, code, operation, attempt + 1, delay)
                 self._sleep(delay)
-                attempt += 1
+                attempt, waited = attempt + 1, waited + delay
 
     def pages(self) -> Iterator[Page]:
         """Yield the user records of the range, one :class:`Page` per GetRecords response (or,
@@ -695,7 +780,6 @@ class ShardReader:
                 wait = self._ready_at - self._clock()
                 if wait > 0:
                     self._sleep(wait)
-            sent = self._clock()
             try:
                 response = self._call("get_records", **self.records_request(self.next_iterator))  # type: ignore[arg-type]
             except self.client.exceptions.ExpiredIteratorException:
@@ -709,10 +793,10 @@ class ShardReader:
             page = self.accept(response)
             # The service charges a response's bytes to the call that returned them ("after a
             # 10 MiB response, the next 5 seconds of calls are throttled"): the pause runs from
-            # when the call was sent (plus a margin for the request's own travel), so the time the
-            # response takes to come back and be processed overlaps it.
+            # when the answered call was sent (plus a margin for the request's own travel), so the
+            # time the response takes to come back and be processed overlaps it.
             pause = self.pause_after_response()
-            self._ready_at = sent + pause + (PACING_MARGIN_S if pause > 0 else 0.0)
+            self._ready_at = self._sent_at + pause + (PACING_MARGIN_S if pause > 0 else 0.0)
             if page:
                 yield page
 

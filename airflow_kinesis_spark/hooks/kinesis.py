@@ -16,6 +16,7 @@ from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.job import STAGING_DIR
 from airflow_kinesis_spark.core.names import parse_stream_arn, validate_stream_name
 from airflow_kinesis_spark.core.pool import share_data_loader
+from airflow_kinesis_spark.core.reader import own_throttling
 from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
 
 #: Default lifetime of the Spark job's temporary credentials (seconds). A batch that reads
@@ -102,6 +103,15 @@ class KinesisStreamHook(FailFastAwsHook):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["client_type"] = "kinesis"
         super().__init__(*args, **kwargs)
+
+    @cached_property
+    def conn(self) -> Any:
+        """The boto3 Kinesis client (cached), once its endpoint answered; throttling errors of
+        reads reach the readers (:func:`~airflow_kinesis_spark.core.reader.own_throttling`).
+
+        :raises EndpointUnreachableError: see :class:`FailFastAwsHook`.
+        """
+        return own_throttling(super().conn)
 
     def list_shards(self, stream_name: str, shard_filter: dict[str, Any] | None = None) -> list[Shard]:
         """Every shard of the stream, open and closed (paginated ``ListShards``).

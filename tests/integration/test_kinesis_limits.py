@@ -193,3 +193,32 @@ def test_the_proxy_in_a_process_of_its_own_serves_and_counts(kinesis, moto_endpo
         assert proxy.read_rate(stream) > 0
         process = proxy._process
     assert process is not None and process.poll() is not None  # stopped with the block
+
+
+def test_polling_consumers_of_one_shard_share_its_read_budget(kinesis, moto_endpoint, stream, lines):
+    """Three polling consumers read one shard's backlog at once through the proxy, each with a
+    client as the Spark job makes it (botocore standard retries, ``own_throttling``): every
+    throttle reaches the readers' reports, and each consumer gets about a third of the shard's
+    2 MiB/s, none of them the shard to itself while the others wait."""
+    from airflow_kinesis_spark.core.reader import own_throttling
+
+    create_stream(kinesis, stream, 1)
+    loaded = load_backlog(kinesis, stream, 8, lines)
+    with ThrottlingProxy(moto_endpoint) as proxy:
+        c = own_throttling(client(proxy.endpoint, attempts=10))
+        (rng,) = ranges(kinesis, stream)
+        readers = [ShardReader(c, stream, rng, target_response_bytes=MIB) for _ in range(3)]
+        read = [0, 0, 0]
+        for reader, page in read_concurrently(readers):
+            if page:
+                read[readers.index(reader)] += len(page)
+        assert read == [loaded["user_records"]] * 3
+        reports = [r.report for r in readers]
+        assert sum(r.throttled_calls for r in reports) == proxy.stats["GetRecords.throttled"] > 0, proxy.stats
+        # A read lasts until its last response is paid for at the shard's rate (the proxy's debt rule).
+        rates = [r.kinesis_bytes / (r.read_ended - r.read_started + reader.last_response_bytes / (2 * MIB)) / (2 * MIB)
+                 for r, reader in zip(reports, readers)]  # fmt: skip
+        # Each about a third (alone, a paced reader gets ~0.9); with botocore's or exponential
+        # backoff, one got 0.37 and another 0.2.
+        assert max(rates) <= 0.45 and max(rates) <= 1.5 * min(rates), rates
+        assert sum(rates) >= 0.6, rates  # the shard is not left idle

@@ -496,16 +496,14 @@ def test_max_bytes_counts_kinesis_bytes_and_first_record_is_always_taken():
 # -- throttling ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "code", ["ProvisionedThroughputExceededException", "KMSThrottlingException", "LimitExceededException"]
-)
+@pytest.mark.parametrize("code", ["KMSThrottlingException", "LimitExceededException"])
 def test_throttling_is_retried_with_backoff_and_loses_nothing(code):
     rows = [plain(0), aggregated(1, 3), plain(2), plain(3), aggregated(4, 2)]
     expected, _, _ = read(FakeKinesis(rows), make_range(), limit=2)
 
     client = FakeKinesis(rows)
     client.faults["get_records"] = [client_error(code), None, client_error(code), client_error(code)]
-    client.faults["get_shard_iterator"] = [client_error(code, "GetShardIterator")]
+    client.faults["get_shard_iterator"] = [client_error("ProvisionedThroughputExceededException", "GetShardIterator")]
     records, report, sleeps = read(client, make_range(), limit=2, backoff_base=0.5, backoff_cap=0.75)
     assert keys(records) == keys(expected)
     assert report.throttled_calls == 4
@@ -515,6 +513,41 @@ def test_throttling_is_retried_with_backoff_and_loses_nothing(code):
     assert sleeps[1] <= 0.5  # first get_records, retry 0
     assert sleeps[2] <= 0.5 and sleeps[3] <= 0.75  # a later call: retries 0 and 1 (capped)
     assert report.stop_reason == "caught_up"
+
+
+def test_read_budget_throttling_is_retried_in_step_with_the_budget_and_halves_the_share():
+    """GetRecords' ProvisionedThroughputExceededException (the shard's read budget is spent,
+    perhaps by other consumers): retried about min_call_interval later, never with seconds of
+    exponential backoff, and the reader paces itself to half its share after each such answer."""
+    rows = [plain(i) for i in range(6)]
+    expected, _, _ = read(FakeKinesis(rows), make_range(), limit=2)
+    client = FakeKinesis(rows)
+    code = "ProvisionedThroughputExceededException"
+    client.faults["get_records"] = [client_error(code)] * 3
+    sleeps = Sleeps()
+    reader = ShardReader(client, STREAM, make_range(), limit=2, min_call_interval=0.2, read_bytes_per_second=1000,
+                         backoff_base=5, sleep=sleeps, clock=lambda: 100.0)  # fmt: skip
+    records, report = reader.read_all()
+    assert keys(records) == keys(expected)
+    assert report.throttled_calls == 3
+    assert all(0.1 <= s <= 0.3 for s in sleeps[:3]), sleeps  # not backoff_base * 2**n
+    # 1/8 after three halvings, + 0.1 for each of the calls answered since
+    assert reader.read_share == pytest.approx(1 / 8 + 0.1 * report.get_records_calls)
+    reader.last_response_bytes = 500
+    assert reader.pause_after_response() == pytest.approx(0.5 / reader.read_share)
+
+
+def test_read_budget_throttling_fails_after_max_budget_wait():
+    code = "ProvisionedThroughputExceededException"
+    client = FakeKinesis([plain(i) for i in range(3)])
+    client.faults["get_records"] = [client_error(code)] * 100
+    sleeps = Sleeps()
+    reader = ShardReader(client, STREAM, make_range(), min_call_interval=0.2, sleep=sleeps, max_budget_wait=2.0)
+    with pytest.raises(ClientError) as info:
+        reader.read_all()
+    assert info.value.response["Error"]["Code"] == code
+    assert 2.0 <= sum(sleeps) < 2.0 + 0.3  # stops at the first retry that would pass the wait
+    assert reader.read_share == 1 / 8  # never below
 
 
 def test_other_error_is_raised_immediately():
@@ -530,7 +563,7 @@ def test_other_error_is_raised_immediately():
 
 
 def test_persistent_throttling_beyond_max_retries_raises():
-    code = "ProvisionedThroughputExceededException"
+    code = "KMSThrottlingException"
     client = FakeKinesis([plain(i) for i in range(3)])
     client.faults["get_records"] = [client_error(code)] * 4
     sleeps = Sleeps()
@@ -543,7 +576,7 @@ def test_persistent_throttling_beyond_max_retries_raises():
 
 
 def test_throttling_up_to_max_retries_succeeds():
-    code = "ProvisionedThroughputExceededException"
+    code = "KMSThrottlingException"
     client = FakeKinesis([plain(i) for i in range(3)])
     client.faults["get_records"] = [client_error(code)] * 3
     records, report, sleeps = read(client, make_range(), max_throttle_retries=3)
