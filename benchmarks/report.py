@@ -210,11 +210,13 @@ def _shared(n: int, results: dict[str, Any]) -> list[str]:
         "shard. Each consumer ran a first small batch before (not measured): its server session is warm. "
         "A consumer's read rate is the Kinesis bytes its job "
         "read divided by the time from its first read's start to its last read's end (from the report it recorded "
-        "in the checkpoint store); the fraction is of 2 MiB/s per shard. The proxy's counts for each stream (calls, "
-        "throttled calls before botocore's retries, subscriptions, events) are in the raw results (`proxy_counts`).",
+        "in the checkpoint store); the fraction is of 2 MiB/s per shard. A throttled reader retries about every 0.2 s "
+        "and paces itself to a smaller share of the shard's budget (docs/concepts.md, Throttling); its report counts "
+        "every throttled call (botocore does not retry them). The proxy's counts for each stream (calls, "
+        "throttled calls, subscriptions, events) are in the raw results (`proxy_counts`).",
         "",
         _row("consumer type", "consumer", "read (MiB)", "began reading after the first (s)", "read time (s)",
-             "read rate (MiB/s)", "fraction of 2 MiB/s per shard", "responses", "throttled calls (after botocore's retries)"),  # fmt: skip
+             "read rate (MiB/s)", "fraction of 2 MiB/s per shard", "responses", "throttled calls"),  # fmt: skip
         _row(*["---"] * 9),
         *rows,
         "",

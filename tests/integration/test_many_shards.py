@@ -94,16 +94,13 @@ def _items(store: DynamoDBCheckpointStore, prefix: str) -> list[dict[str, Any]]:
 
 
 def test_a_plan_and_the_checkpoints_of_1000_shards_are_chunked_within_the_item_limit_and_read_back_equal(
-    dynamodb, unique_name, monkeypatch
+    dynamodb, unique_name
 ):
     """A synthetic batch of 1,000 shard ranges with real-sized (56-digit) sequence numbers: begin,
     report, commit; every batch-log item is under 400 KB (the plan takes more than one), and
     another process's store reads the plan, the report and the checkpoints back equal."""
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
     store.ensure_table()
-    # The KCL-style mirror (one PutItem per shard, after the commit, never read by the protocol)
-    # is not what this test is about: left out, it keeps the test quick.
-    monkeypatch.setattr(store, "_mirror_leases", lambda plan, checkpoints: None)
     plan = make_plan(1, open_shards(1000), stream_name=unique_name, consumer_name="lake")
     checkpoints = checkpoints_after(plan, 10**6, sub=3)
     reports = reports_for(plan, checkpoints)

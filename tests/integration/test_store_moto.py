@@ -527,42 +527,38 @@ def test_kcl_style_lease_items_after_commit(store):
     assert leases[shard_id(2)]["batchId"] == {"N": "1"}
 
 
-def test_the_kcl_style_mirror_of_60_shards_is_written_concurrently_and_never_moves_back(store):
-    """The ``LEASE#`` mirror's 60 conditional ``PutItem`` calls run several at once (on the
-    client's connection pool), not one after the other; a repeated mirror of an older batch (a
-    retried commit) leaves an item a later batch wrote as it is."""
-    shards = open_shards(60)
+def test_the_kcl_style_mirror_of_250_shards_takes_10_calls_and_never_moves_back(store):
+    """The ``LEASE#`` mirror of 250 shards is 10 ``BatchWriteItem`` calls (at most 25 items each),
+    not 250 ``PutItem`` calls; a repeated mirror of the committed batch (a retried commit) writes
+    the same items again; one of a batch older than the committed one writes nothing."""
+    shards = open_shards(250)
     plan = plan_for(store, 1, shards)
     store.begin(plan, "run-a")
     checkpoints = checkpoints_after(plan, 100)
-    lock, in_flight, most = threading.Lock(), [0], [0]
-
-    def sent(**kwargs: Any) -> None:
-        with lock:
-            in_flight[0] += 1
-            most[0] = max(most[0], in_flight[0])
-
-    def answered(**kwargs: Any) -> None:
-        with lock:
-            in_flight[0] -= 1
-
-    store.client.meta.events.register("before-call.dynamodb.PutItem", sent)
-    store.client.meta.events.register("after-call.dynamodb.PutItem", answered)
-    store.client.meta.events.register("after-call-error.dynamodb.PutItem", answered)
+    calls: list[str] = []
+    for operation in ("BatchWriteItem", "PutItem"):
+        store.client.meta.events.register(f"before-call.dynamodb.{operation}", lambda operation=operation, **_: calls.append(operation))
 
     store.commit(plan, checkpoints, "run-a")
 
-    assert most[0] > 1, most  # the mirror's puts overlapped
+    assert calls == ["PutItem"] + ["BatchWriteItem"] * 10, calls  # the checkpoints' chunk, then the mirror
     leases = {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")}
     assert {k: v["checkpoint"]["S"] for k, v in leases.items()} == {k: v.position.sequence_number for k, v in checkpoints.items()}
     assert {i["batchId"]["N"] for i in leases.values()} == {"1"}
 
-    later = {**leases[shard_id(30)], "batchId": {"N": "2"}, "checkpoint": {"S": sequence_number(500)}}
-    store.client.put_item(TableName=store.table_name, Item=later)  # a later batch's mirror of one shard
-    store._mirror_leases(plan, checkpoints)  # batch 1's again, as a retried commit does
-    after = {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")}
-    assert after[shard_id(30)] == later
-    assert {k: v for k, v in after.items() if k != shard_id(30)} == {k: v for k, v in leases.items() if k != shard_id(30)}
+    calls.clear()
+    store.commit(plan, checkpoints, "run-a")  # a retried commit: already applied, the mirror again
+    assert calls == ["BatchWriteItem"] * 10
+    assert {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")} == leases
+
+    plan2 = plan_for(store, 2, shards, checkpoints)
+    checkpoints2 = run_batch(store, plan2, "run-a", 500)
+    later = {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")}
+    assert {k: v["checkpoint"]["S"] for k, v in later.items()} == {k: v.position.sequence_number for k, v in checkpoints2.items()}
+    calls.clear()
+    store._mirror_leases(plan, checkpoints)  # batch 1's, late (a retried commit of batch 1 after batch 2)
+    assert calls == []
+    assert {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")} == later
 
 
 def test_a_live_lease_blocks_take_over_and_an_expired_one_does_not(dynamodb, unique_name):
