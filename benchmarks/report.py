@@ -76,7 +76,9 @@ def _intro(results: dict[str, Any], command: str) -> list[str]:
         f"- Versions: Python {v['python']}, Airflow {v['airflow']}, PySpark {v['pyspark']}, moto {v['moto']}, "
         f"boto3 {v['boto3']}, {v['java']}",
         f"- Stream: {results['shards']} shards on moto (server mode, 127.0.0.1); records are lines of the shared "
-        "Apache access log, KPL-aggregated into Kinesis records of about 50 KiB.",
+        "Apache access log, KPL-aggregated into Kinesis records of about 50 KiB. Each section's streams (and "
+        "each unthrottled run's) are deleted from moto after it: moto keeps every record in memory, and its cost "
+        "per call grows with what it holds.",
         "- Kinesis traffic goes through `benchmarks/kinesis_limits.py`, a proxy that answers like the service: "
         "5 GetRecords calls/s and 2 MiB/s per shard (a response of B bytes is a debt that drains at 2 MiB/s; "
         "a call while in debt is throttled, so a 10 MiB response blocks the shard for 5 s), at most 10 MiB and "
