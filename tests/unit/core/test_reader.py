@@ -537,15 +537,20 @@ def test_read_budget_throttling_is_retried_in_step_with_the_budget_and_halves_th
     assert reader.pause_after_response() == pytest.approx(0.5 / reader.read_share)
 
 
-def test_read_budget_throttling_fails_after_max_budget_wait():
-    code = "ProvisionedThroughputExceededException"
+def read_throttled(code: str, answers: int, **settings: Any) -> tuple[ShardReader, FakeKinesis, Sleeps]:
+    """A read whose first ``answers`` GetRecords calls are refused with ``code``; it must fail with that code."""
     client = FakeKinesis([plain(i) for i in range(3)])
-    client.faults["get_records"] = [client_error(code)] * 100
+    client.faults["get_records"] = [client_error(code)] * answers
     sleeps = Sleeps()
-    reader = ShardReader(client, STREAM, make_range(), min_call_interval=0.2, sleep=sleeps, max_budget_wait=2.0)
+    reader = ShardReader(client, STREAM, make_range(), sleep=sleeps, **settings)
     with pytest.raises(ClientError) as info:
         reader.read_all()
     assert info.value.response["Error"]["Code"] == code
+    return reader, client, sleeps
+
+
+def test_read_budget_throttling_fails_after_max_budget_wait():
+    reader, _, sleeps = read_throttled("ProvisionedThroughputExceededException", 100, min_call_interval=0.2, max_budget_wait=2.0)
     assert 2.0 <= sum(sleeps) < 2.0 + 0.3  # stops at the first retry that would pass the wait
     assert reader.read_share == 1 / 8  # never below
 
@@ -563,14 +568,7 @@ def test_other_error_is_raised_immediately():
 
 
 def test_persistent_throttling_beyond_max_retries_raises():
-    code = "KMSThrottlingException"
-    client = FakeKinesis([plain(i) for i in range(3)])
-    client.faults["get_records"] = [client_error(code)] * 4
-    sleeps = Sleeps()
-    reader = ShardReader(client, STREAM, make_range(), min_call_interval=0, sleep=sleeps, max_throttle_retries=3)
-    with pytest.raises(ClientError) as info:
-        reader.read_all()
-    assert info.value.response["Error"]["Code"] == code
+    _, client, sleeps = read_throttled("KMSThrottlingException", 4, min_call_interval=0, max_throttle_retries=3)
     assert len(sleeps) == 3
     assert len(client.limits()) == 4  # first try + 3 retries
 
