@@ -495,6 +495,7 @@ class ShardReader:
         #: each throttled call (to at least :data:`MIN_READ_SHARE`) and raised by
         #: :data:`READ_SHARE_STEP` on each answered one: additive increase, multiplicative
         #: decrease, as TCP shares a link, so polling consumers of one shard converge on equal shares.
+        #: The response size the ``Limit`` aims at shrinks with it (:meth:`records_request`).
         self.read_share = 1.0
         self._sleep = sleep
         self._clock = clock
@@ -546,14 +547,16 @@ class ShardReader:
         """``GetRecords`` arguments.
 
         ``Limit`` adapts: once records were seen, it asks for about ``target_response_bytes``
-        at their mean size; it never asks for more than the record cap leaves, nor more than
+        times :attr:`read_share` at their mean size; it never asks for more than the record cap leaves, nor more than
         ``limit``.
         """
         p = self._p
         limit = self.limit
         if p.kinesis_records:
             mean = max(1.0, p.kinesis_bytes / p.kinesis_records)
-            limit = max(1, min(limit, int(self.target_response_bytes / mean)))
+            # A reader that shares the shard asks for its share of the target: more, smaller
+            # responses, over which the consumers' shares even out sooner.
+            limit = max(1, min(limit, int(self.target_response_bytes * self.read_share / mean)))
         else:  # record size unknown yet: a first response of at most initial_limit records
             limit = min(limit, self.initial_limit)
         if self.range.max_records is not None:
