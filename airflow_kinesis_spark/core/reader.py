@@ -547,8 +547,8 @@ class ShardReader:
         """``GetRecords`` arguments.
 
         ``Limit`` adapts: once records were seen, it asks for about ``target_response_bytes``
-        times :attr:`read_share` at their mean size; it never asks for more than the record cap leaves, nor more than
-        ``limit``.
+        times :attr:`read_share` at their mean size; it never asks for more than the record cap
+        leaves, nor more than ``limit``.
         """
         p = self._p
         limit = self.limit
