@@ -1074,24 +1074,17 @@ class DynamoDBCheckpointStore:
     def _mirror_leases(self, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]) -> None:
         """Write the per-shard KCL-style items of the planned shards. Best effort: never raises.
 
-        Written only while the head's committed batch is this one, so the mirror moves forward:
-        a retried commit of an older batch leaves a later batch's items alone. The items go in
+        Called by :meth:`commit` only once the head shows this batch committed (just now, or by an
+        earlier attempt), so the mirror moves forward: a retried commit of an older batch is a
+        conflict and writes nothing. The items go in
         ``BatchWriteItem`` calls of up to :data:`BATCH_WRITE_MAX_ITEMS` (25: the service's limit),
         on as many threads as the client pools connections (``core.pool``): 256 shards take 11
         calls, not 256 (a conditional ``PutItem`` per item cost the emulator as much as reading
         the batch; ``TransactWriteItems`` takes conditions, at twice the write capacity). No
         per-item condition: two runs of one consumer that commit within the moment between the
-        head read here and the write could leave an item one batch behind until the next commit;
+        head update and the write could leave an item one batch behind until the next commit;
         the mirror is for people and tools, the head is what the protocol reads.
         """
-        try:
-            committed = self.head().committed_batch_id
-        except Exception as err:  # noqa: BLE001 - the mirror is derived data
-            log.warning("KCL-style lease mirror of batch %d not written: the head could not be read: %s", plan.batch_id, err)
-            return
-        if committed != plan.batch_id:
-            log.info("KCL-style lease mirror of batch %d not written: batch %d is committed", plan.batch_id, committed)
-            return
         puts = []
         for shard_id in sorted({r.shard_id for r in plan.ranges}):
             checkpoint = checkpoints.get(shard_id)

@@ -529,8 +529,8 @@ def test_kcl_style_lease_items_after_commit(store):
 
 def test_the_kcl_style_mirror_of_250_shards_takes_10_calls_and_never_moves_back(store):
     """The ``LEASE#`` mirror of 250 shards is 10 ``BatchWriteItem`` calls (at most 25 items each),
-    not 250 ``PutItem`` calls; a repeated mirror of the committed batch (a retried commit) writes
-    the same items again; one of a batch older than the committed one writes nothing."""
+    not 250 ``PutItem`` calls; a retried commit of the committed batch writes the same items
+    again; a retried commit of a batch older than the committed one writes nothing."""
     shards = open_shards(250)
     plan = plan_for(store, 1, shards)
     store.begin(plan, "run-a")
@@ -556,7 +556,8 @@ def test_the_kcl_style_mirror_of_250_shards_takes_10_calls_and_never_moves_back(
     later = {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")}
     assert {k: v["checkpoint"]["S"] for k, v in later.items()} == {k: v.position.sequence_number for k, v in checkpoints2.items()}
     calls.clear()
-    store._mirror_leases(plan, checkpoints)  # batch 1's, late (a retried commit of batch 1 after batch 2)
+    with pytest.raises(CheckpointConflictError):  # a retried commit of batch 1, after batch 2
+        store.commit(plan, checkpoints, "run-a")
     assert calls == []
     assert {i["leaseKey"]["S"]: i for i in items(store, "LEASE#")} == later
 
