@@ -75,7 +75,9 @@ def _intro(results: dict[str, Any], command: str) -> list[str]:
         f"- Machine: {results['machine']}",
         f"- Versions: Python {v['python']}, Airflow {v['airflow']}, PySpark {v['pyspark']}, moto {v['moto']}, "
         f"boto3 {v['boto3']}, {v['java']}",
-        f"- Stream: {results['shards']} shards on moto (server mode, 127.0.0.1); records are lines of the shared "
+        f"- Stream: {results['shards']} shards on moto (server mode, 127.0.0.1, started by `demo/moto_server.py`, which "
+        "keeps moto's list of its service packages instead of listing its package directory twice per request: "
+        "half of moto's CPU per call, spent on the cores the provider runs on); records are lines of the shared "
         "Apache access log, KPL-aggregated into Kinesis records of about 50 KiB. Each section's streams (and "
         "each unthrottled run's) are deleted from moto after it: moto keeps every record in memory, and its cost "
         "per call grows with what it holds.",

@@ -34,9 +34,10 @@ class ForwardingProxy:
 
     :param upstream: the emulator's URL (``http://127.0.0.1:PORT``).
     :param keep_alive: keep one connection to the emulator per serving thread (that is, per
-        client connection) instead of opening one per request: the emulator then neither
-        accepts a connection nor starts a thread for each call. A request whose reused
-        connection turns out closed before an answer came is sent once more on a new one.
+        client connection) instead of opening one per request, for an emulator that keeps
+        connections open (kinesalite). moto's server (werkzeug's) closes every connection after
+        its answer, so each call to moto still opens one. A request whose reused connection
+        turns out closed before an answer came is sent once more on a new one.
     """
 
     def __init__(self, upstream: str, *, keep_alive: bool = False) -> None:
