@@ -41,6 +41,19 @@ def test_a_batch_beyond_the_bounds_passes_as_it_is_after_the_pending_ones():
     assert rows_of(out) == rows_of(given)
 
 
+def test_a_batch_that_fills_the_bound_is_handed_on_before_the_next_one_is_read():
+    read: list[str] = []
+
+    def produced():
+        for name, rows in (("a", 4), ("b", 6), ("c", 1)):
+            read.append(name)
+            yield batch(name, rows)
+
+    out = job.joined_batches(produced(), 10, 1 << 30)
+    assert next(out).num_rows == 10 and read == ["a", "b"]  # "c" not read yet: nothing waits for it
+    assert [b.num_rows for b in out] == [1]
+
+
 def test_the_byte_bound_joins_fewer():
     given = [batch("a", 10) for _ in range(4)]
     out = list(job.joined_batches(iter(given), 1_000, 2 * given[0].nbytes))
