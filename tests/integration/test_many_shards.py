@@ -163,9 +163,10 @@ def test_a_batch_probes_only_until_the_first_record_and_the_job_reads_every_rang
 
     summary = run_incremental(kinesis, store, job, settings, "run-1")
 
-    # 2 probes at once (one per connection; a third may start while the first turns from its
-    # GetShardIterator to its GetRecords), then none: 16 without the stop
-    assert 2 <= job.probe_iterators <= 4, job.probe_iterators
+    # At most 2 probes at once (one per connection; a third may start while the first turns from
+    # its GetShardIterator to its GetRecords), then none: 16 without the stop. The first probe
+    # may find its record before a second one starts (moto answers in about a millisecond).
+    assert 1 <= job.probe_iterators <= 4, job.probe_iterators
     assert summary["status"] == "committed" and summary["records"] == 400 and len(summary["shards"]) == 16
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Probed ")]
     probed = re.fullmatch(r"Probed (\d) of 16 shard ranges .*; (\d+) not probed \(a record was found: the job reads every range\)", line)
