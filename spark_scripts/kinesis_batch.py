@@ -18,7 +18,9 @@ plan from a file and writes the report to one.
   in as many tasks as Spark runs at once (``--read-tasks``, default: the default parallelism,
   at most one per range). Each task reads all of its ranges at the same time, one thread per
   range (``airflow_kinesis_spark.core.reader.read_concurrently``): reading Kinesis is waiting on
-  each shard's read budget, so every shard is kept busy even with fewer cores than shards.
+  each shard's read budget, so every shard is kept busy even with fewer cores than shards. The
+  task hands Spark its rows in joined Arrow record batches (:data:`HANDOVER_ROWS`,
+  :data:`HANDOVER_BYTES`), not one per ``GetRecords`` page.
 * One pass when the operator's probes found a user record (``--records-expected``): the records
   are read, transformed and written by one Spark job, and the per-shard report rows (one per
   range, filtered out of the output) come back as an observed metric of that job
