@@ -332,7 +332,10 @@ def handed_batch_state(
             return {"status": "no_report", "message": f"batch {batch_id}: no job claimed it within {job_start_timeout:g} s "
                     "of the hand-over (the job did not start, or failed before it claimed the batch)"}  # fmt: skip
         return None
-    age = (now_ms - (head.pending_heartbeat or 0)) / 1000
+    if not head.pending_heartbeat:  # 0 (or none): the lease was released (``release``, ``release_handed``), no age to give
+        return {"status": "no_report", "message": f"batch {batch_id}: the job's driver {holder} released its lease "
+                "without recording a report (it failed, or its run gave the job up)"}  # fmt: skip
+    age = (now_ms - head.pending_heartbeat) / 1000
     if age > lease_seconds:
         return {"status": "no_report", "message": f"batch {batch_id}: the job's driver {holder} stopped renewing its lease "
                 f"{age:.0f} s ago without recording a report (it failed or was killed)"}  # fmt: skip

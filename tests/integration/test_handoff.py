@@ -632,3 +632,13 @@ def test_the_report_trigger_decides_from_the_head_alone():
     assert _state(Head(**pending, pending_owner="run-2", pending_heartbeat=999_000)) == "taken_over"
     assert _state(Head(committed_batch_id=3)) == "committed"
     assert _state(Head(committed_batch_id=2)) == "not_pending"  # discarded
+
+
+@pytest.mark.parametrize("heartbeat", [0, None])
+def test_a_released_lease_is_reported_as_released_not_as_an_age(heartbeat):
+    # release() / release_handed() set pending_heartbeat to 0: there is no lease age to give
+    head = Head(committed_batch_id=2, pending_batch_id=3, pending_owner="run-1/driver-a", pending_heartbeat=heartbeat)
+    state = handed_batch_state(head, 3, "run-1", 30.0, now_ms=1_795_773_070_000, handed_at_ms=990_000, job_start_timeout=60.0)
+    assert state is not None and state["status"] == "no_report"
+    assert "released its lease" in state["message"] and "run-1/driver-a" in state["message"]
+    assert " s ago" not in state["message"] and "1795773" not in state["message"]
