@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_kinesis_spark.core.job import handed_batch_state
 from airflow_kinesis_spark.core.protocol import commit_handed
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
@@ -14,7 +16,7 @@ from airflow_kinesis_spark.exceptions import (
     TableCommitError,
 )
 
-__all__ = ["commit_event", "commit_or_raise"]
+__all__ = ["commit_event", "commit_or_raise", "handed_event"]
 
 AFTER = "Nothing was committed; the plan stays pending and the next attempt re-uses it."
 
@@ -33,6 +35,24 @@ def commit_or_raise(
         return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused, sink=sink)
     except (CheckpointConflictError, ReportValidationError, TableCommitError) as err:
         raise AirflowFailException(str(err)) from err
+
+
+def handed_event(
+    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, handed_at: float, job_start_timeout: float
+) -> dict[str, Any] | None:
+    """What :class:`~airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger` would fire
+    with now, from one read of the head (``core.job.handed_batch_state``): a task reads it before
+    it defers, and defers only while it is ``None`` (the job may still record its report).
+
+    :param handed_at: when the batch was handed to its job (epoch seconds).
+    :returns: ``None``, or the trigger's event (``status``, ``message``, ``batch_id``, ``lease_owner``)
+        for :func:`commit_event`.
+    """
+    state = handed_batch_state(
+        store.head(), batch_id, lease_owner, lease_seconds, now_ms=int(time.time() * 1000),
+        handed_at_ms=int(handed_at * 1000), job_start_timeout=job_start_timeout,
+    )  # fmt: skip
+    return None if state is None else {**state, "batch_id": batch_id, "lease_owner": lease_owner}
 
 
 def commit_event(

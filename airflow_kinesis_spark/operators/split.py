@@ -15,7 +15,8 @@
   output and records its report in the store (``core.job``), with the cluster's own AWS
   credentials.
 * :class:`KinesisCommitBatchOperator` validates the recorded report against the plan and commits;
-  with ``deferrable=True`` it waits in the triggerer until the report is recorded.
+  with ``deferrable=True`` it waits in the triggerer until the report is recorded (not at all when
+  it is recorded already).
 
 Retries converge: a retried plan task re-uses the pending plan; a retried job claims the batch
 again (a live driver of it makes the retry fail and retry later; a zombie publishes nothing); a
@@ -42,7 +43,7 @@ from airflow_kinesis_spark.exceptions import (
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
-from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise
+from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise, handed_event
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
@@ -147,7 +148,9 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
     conditional write (``core.protocol.commit_handed``). Idempotent. Without a recorded report
     it fails (retryable) with what it found, or, with ``deferrable=True``, waits in the triggerer
     (:class:`~airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger`) until the report
-    is recorded or the job's lease expired without one.
+    is recorded or the job's lease expired without one. A deferrable commit task reads the store
+    first and defers only while the job may still record its report (a report recorded already
+    is committed at once).
 
     :param stream_name: the stream (templated).
     :param consumer_name: the consumer (templated).
@@ -226,17 +229,25 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
             return self._done(context, summary)
         store = self._store()
         batch_id, owner, lease = int(handoff["batch_id"]), handoff["lease_owner"], float(handoff["lease_seconds"])
+        reused = bool(handoff.get("reused_plan"))
         if self.deferrable:
-            self.defer(
-                trigger=KinesisBatchReportTrigger(
-                    stream_name=self.stream_name, consumer_name=self.consumer_name, checkpoint_table=self.checkpoint_table,
-                    batch_id=batch_id, lease_owner=owner, lease_seconds=lease, handed_at=time.time(),
-                    job_start_timeout=self.job_start_timeout, poke_interval=self.poke_interval, aws_conn_id=self.aws_conn_id,
-                    region_name=self.region_name,
-                ),
-                method_name="execute_complete",
-            )  # fmt: skip
-        summary = commit_or_raise(store, batch_id, owner, lease, reused=bool(handoff.get("reused_plan")), sink=self._sink())
+            handed_at = time.time()
+            # Read the head first: a job task that ran before this one has recorded its report
+            # already (commit now, in this worker); defer only while the job may still record it.
+            event = handed_event(store, batch_id, owner, lease, handed_at=handed_at, job_start_timeout=self.job_start_timeout)
+            if event is None:
+                self.defer(
+                    trigger=KinesisBatchReportTrigger(
+                        stream_name=self.stream_name, consumer_name=self.consumer_name, checkpoint_table=self.checkpoint_table,
+                        batch_id=batch_id, lease_owner=owner, lease_seconds=lease, handed_at=handed_at,
+                        job_start_timeout=self.job_start_timeout, poke_interval=self.poke_interval,
+                        aws_conn_id=self.aws_conn_id, region_name=self.region_name,
+                    ),
+                    method_name="execute_complete",
+                )  # fmt: skip
+            self.log.info("Not deferring: %s", event["message"])
+            return self._done(context, commit_event(store, event, lease, reused=reused, sink=self._sink()))
+        summary = commit_or_raise(store, batch_id, owner, lease, reused=reused, sink=self._sink())
         return self._done(context, summary)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:

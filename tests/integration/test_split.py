@@ -158,3 +158,63 @@ def test_a_split_group_with_a_delta_output_commits_the_batch_to_the_table_in_the
     assert pa.table(table.to_pyarrow_table()).num_rows == 20 and table.transaction_version(f"airflow-kinesis-spark:{unique_name}:lake") == 1
     again = commit.execute(context_for(commit, xcoms))  # a retried commit task: nothing added
     assert again["status"] == "committed" and DeltaTable(str(output)).version() == 0
+
+
+def test_a_deferrable_commit_task_defers_only_while_no_report_is_recorded(aws_conn, kinesis, dynamodb, unique_name, tmp_path):
+    """The commit task reads the head before it defers: while the job runs it defers; once the job
+    recorded its report (the job task ran before the commit task, as it does in the task group) it
+    commits at once, in the worker, instead of a round trip through the triggerer."""
+    import os
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_kinesis_spark.core.job import job_arguments_from, run_handed_batch
+    from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
+    from demo.producer import put_plain
+    from tests.helpers import read_plan
+
+    create_stream(kinesis, unique_name, 2)
+    put_plain(kinesis, unique_name, [(f"k{i}", f"row {i}".encode()) for i in range(12)])
+    output = str(tmp_path / "out")
+    split = split_dag(unique_name, output)
+    plan_task = split.get_task("g.plan")
+    commit = KinesisCommitBatchOperator(
+        task_id="commit", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+        plan_task_id="g.plan", output_path=output, deferrable=True, poke_interval=1.0,
+    )  # fmt: skip
+    xcoms: dict[tuple[str, str], Any] = {}
+    handover = plan_task.execute(context_for(plan_task, xcoms))
+    xcoms[("g.plan", BaseXCom.XCOM_RETURN_KEY)] = handover
+    assert handover["status"] == "pending"
+
+    with pytest.raises(TaskDeferred) as deferred:  # no report yet: wait in the triggerer
+        commit.execute(context_for(commit, xcoms))
+    assert isinstance(deferred.value.trigger, KinesisBatchReportTrigger)
+    assert deferred.value.trigger.batch_id == handover["batch_id"]
+
+    def write(plan, location):
+        rows, reports = read_plan(kinesis, plan)
+        os.makedirs(location)
+        pq.write_table(pa.table({"shard_id": [r[0] for r in rows], "sequence_number": [r[1] for r in rows]}),
+                       os.path.join(location, "part-0.parquet"))  # fmt: skip
+        return {"records": len(rows), "quarantine_location": None, "reports": [r.to_dict() for r in reports]}
+
+    def publish(staging, target):
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.move(staging, target)
+
+    arguments = job_arguments_from(xcoms[("g.plan", JOB_ARGUMENTS_KEY)])
+    store = DynamoDBCheckpointStore(dynamodb, arguments.checkpoint_table, arguments.stream_name, arguments.consumer_name)
+    run_handed_batch(store, arguments, write=write, publish=publish, discard=lambda s: shutil.rmtree(s, True), cancel=lambda: None)
+    assert store.head().pending_report_owner is not None
+
+    summary = commit.execute(context_for(commit, xcoms))  # the report is recorded: commit now, no deferral
+    assert summary["status"] == "committed" and summary["records"] == 12 and summary["batch_id"] == handover["batch_id"]
+    head = store.head()
+    assert head.pending_batch_id is None and head.committed_batch_id == handover["batch_id"]
+    again = commit.execute(context_for(commit, xcoms))  # a retried commit task: committed already, no deferral either
+    assert again["status"] == "committed" and store.head().committed_batch_id == handover["batch_id"]
