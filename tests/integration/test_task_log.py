@@ -13,13 +13,15 @@ import re
 from datetime import datetime, timedelta, timezone
 
 import aws_kinesis_agg
+import boto3
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
+from botocore.config import Config
 
 from airflow_kinesis_spark.core.protocol import WindowSettings, commit_handed, run_incremental, run_window
 from airflow_kinesis_spark.core.shards import list_shards
 from demo.producer import put_plain, put_raw
-from tests.conftest import create_stream
+from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
 from tests.integration.test_protocol import ReaderJob, settings, store  # noqa: F401 - the store fixture
 
 pytestmark = pytest.mark.integration
@@ -32,7 +34,14 @@ def lines(caplog, logger: str, level: int = logging.INFO) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == logger and r.levelno == level]
 
 
-def test_a_batch_logs_one_line_per_shard_range_and_one_summary_line(kinesis, store, unique_name, caplog):
+@pytest.mark.parametrize("connections", [10, 1])
+def test_a_batch_logs_one_line_per_shard_range_and_one_summary_line(moto_endpoint, store, unique_name, caplog, connections):
+    """``connections``: the Kinesis client's pool (botocore's ``max_pool_connections``; 10 is its
+    default). With 1 the probes take turns and the first one's record almost always stops the
+    other (``Probed 1 of 2``, the line a clean-clone ``make test`` once met with 10); with 10 both
+    usually start before either finds its record. The assertions hold for every interleaving."""
+    kinesis = boto3.client("kinesis", endpoint_url=moto_endpoint, region_name=REGION, aws_access_key_id=TEST_ACCESS_KEY,
+                           aws_secret_access_key=TEST_SECRET_KEY, config=Config(max_pool_connections=connections))  # fmt: skip
     caplog.set_level(logging.DEBUG, logger="airflow_kinesis_spark")
     create_stream(kinesis, unique_name, 2)
     put_plain(kinesis, unique_name, [(f"k{i}", f"a{i}".encode()) for i in range(30)])
@@ -52,10 +61,20 @@ def test_a_batch_logs_one_line_per_shard_range_and_one_summary_line(kinesis, sto
         rf"Batch 1 committed: 30 records, {summary['bytes']} bytes from 2 shards, read in \d+\.\d s, \d+\.\d s since planned; "
         r"2 checkpoints committed; output mem://out/batch_id=1", total,
     ), total  # fmt: skip
-    # The probes: one line that says what they found, not a read that stopped at max_records.
+    # The probes: one line that says what they found, not a read that stopped at max_records. They
+    # stop at the first record (core.reader.probe_ranges): 1 or 2 ranges probed, depending on
+    # whether the second probe started before the first found its record; each probed range has a
+    # record (both shards do), and the line counts the ranges not probed.
     (probes,) = lines(caplog, READER)
-    assert probes == "Probed 2 shard ranges (a first record each, GetRecords Limit 1): records to read in 2 " \
-                     f"({', '.join(r.shard_id for r in list_shards(kinesis, unique_name))}), nothing to read in 0"
+    found = re.fullmatch(
+        r"Probed (?:(2)|1 of 2) shard ranges \(a first record each, GetRecords Limit 1\): records to read in (\d) \((.+)\), "
+        r"nothing to read in 0(; 1 not probed \(a record was found: the job reads every range\))?", probes,
+    )  # fmt: skip
+    assert found, probes
+    probed = 2 if found[1] else 1
+    assert int(found[2]) == probed and bool(found[4]) == (probed == 1), probes
+    listed = found[3].split(", ")
+    assert len(set(listed)) == len(listed) == probed and set(listed) <= {r.shard_id for r in list_shards(kinesis, unique_name)}
     assert "max_records" not in caplog.text.replace("max_records_per", "")
     assert not lines(caplog, PROTOCOL, logging.WARNING)
 
