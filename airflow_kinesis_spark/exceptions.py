@@ -21,6 +21,9 @@ __all__ = [
     "EndpointUnreachableError",
     "PendingPlanMismatchError",
     "ReportNotRecordedError",
+    "OutputOwnedError",
+    "OutputAheadError",
+    "WindowAheadError",
 ]
 
 
@@ -128,3 +131,24 @@ class TableCommitError(KinesisSparkError):
     """A table commit (Iceberg, Delta) failed for a reason a retry does not mend: the batch's
     files do not fit the table's schema or partitioning, or a window cannot replace its rows.
     Nothing is committed; the batch stays pending."""
+
+
+class OutputOwnedError(TableCommitError):
+    """The output root or table belongs to another (stream, consumer), or is declared shared by
+    one side and not the other (``shared_output``). Found before anything is read; nothing is
+    written. Fields: ``output``, ``owner`` (what the output records), ``wanted`` (this task's)."""
+
+
+class OutputAheadError(TableCommitError):
+    """The output (a committed Parquet record, an Iceberg snapshot or a Delta version) holds a
+    batch of this stream and consumer that the checkpoint store has not committed: the store was
+    re-created, reset or restored, or another store writes the same output. Found before the job
+    runs; nothing is read, written or deleted. Fields: ``output``, ``batch_id`` (the output's),
+    ``committed_batch_id`` (the store's), ``plan_created_at``."""
+
+
+class WindowAheadError(TableCommitError):
+    """A window into a consumer's own output reaches past what the consumer has committed: its
+    rows would be added again by a later incremental batch. Found before anything is read.
+    Fields: ``window_end``, ``committed_until`` (the earliest time every shard of the window is
+    committed up to, ``None`` when unknown), ``shards`` (shard id -> its committed position)."""

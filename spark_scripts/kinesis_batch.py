@@ -517,6 +517,8 @@ def run(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    if location is None and not _is_spark_connect(spark):  # writing the batch's folder itself, not a staging one
+        refuse_committed(spark, plan["output_location"])
     # Also over Spark Connect, where the session is the server's: UTC and standard Parquet timestamps.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -570,8 +572,33 @@ def _hadoop_path(spark: Any, path: str) -> tuple[Any, Any]:
     return hadoop_path, hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
 
 
+def refuse_committed(spark: Any, target: str) -> None:
+    """Refuse to write ``target`` when it is a Parquet batch folder that has a committed record
+    (``core.protocol.committed_record_of``): committed output, which a batch pending in this
+    checkpoint store must never replace (the output is ahead of the store: a re-created
+    checkpoint table, or another checkpoint history writing the same root).
+
+    :raises RuntimeError: naming the folder and its record; nothing written or deleted.
+    """
+    from airflow_kinesis_spark.core.protocol import committed_record_of
+
+    record = committed_record_of(target)
+    if record is None:
+        return
+    path, fs = _hadoop_path(spark, record)
+    if fs.exists(path):
+        raise RuntimeError(f"{target} holds a committed batch ({record} exists) that this checkpoint store has not "
+                           "committed: the output is ahead of the store. Nothing was written, published or deleted.")  # fmt: skip
+
+
 def publish(spark: Any, staging: str | None, target: str) -> None:
-    """Replace ``target`` with ``staging`` (a rename on the same file system); ``None``: remove ``target``."""
+    """Replace ``target`` with ``staging`` (a rename on the same file system); ``None``: remove ``target``.
+
+    :raises RuntimeError: ``target`` is a Parquet batch folder with a committed record
+        (``core.protocol.committed_record_of``): committed output, which the pending batch of
+        this store must not replace (the output is ahead of the checkpoint store). Nothing published.
+    """
+    refuse_committed(spark, target)
     dst, fs = _hadoop_path(spark, target)
     if fs.exists(dst):
         fs.delete(dst, True)

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from airflow_kinesis_spark.core.planner import BatchPlan, rewind_checkpoints
-from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, batch_output_location
+from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, batch_output_location, committed_record_location, plan_id
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError, EndpointUnreachableError
 
@@ -198,8 +198,21 @@ def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None, n
             "batch's directory", repr(stored),
         )  # fmt: skip
     computed = batch_output_location(output_path, batch_id)
+    if stored == batch_output_location(output_path, batch_id, plan_id(plan)):
+        computed = stored  # a table output's folder, named by the plan's id (protocol.planned_output_location)
     local = _local_path(computed)
     shown = str(local) if local is not None else computed
+    if head.pending_report_owner:
+        return _keep(
+            f"batch {batch_id}'s job recorded its report, so a table commit may reference {shown} already; delete it "
+            "yourself only after checking the table's snapshots or versions (docs/output.md, leftover files)", shown,
+        )  # fmt: skip
+    record = _local_path(committed_record_location(output_path, batch_id))
+    if record is not None and record.exists():
+        return _keep(
+            f"{output_path} holds a committed record of batch {batch_id} (another checkpoint history committed it): its "
+            "files are committed output", shown,
+        )  # fmt: skip
     if stored != computed:
         return _keep(
             f"the stored plan names {stored!r}, not the batch's directory under the output root {shown}; check who "

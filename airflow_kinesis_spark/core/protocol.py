@@ -52,6 +52,7 @@ from airflow_kinesis_spark.exceptions import (
     DataLossError,
     PendingPlanMismatchError,
     ReportNotRecordedError,
+    WindowAheadError,
 )
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,11 @@ __all__ = [
     "run_incremental",
     "run_window",
     "batch_output_location",
+    "planned_output_location",
+    "plan_id",
+    "committed_record_location",
+    "committed_record_of",
+    "COMMITTED_DIR",
     "window_output_location",
     "IDLE_REFRESH",
     "DEFAULT_LEASE_SECONDS",
@@ -255,9 +261,50 @@ def _is_table(sink: Sink | None) -> bool:
     return sink is not None and sink.format != "parquet"
 
 
-def batch_output_location(output_root: str, batch_id: int) -> str:
-    """``{output_root}/batch_id={batch_id}``: the one directory a batch writes (and a re-run overwrites)."""
-    return f"{output_root.rstrip('/')}/batch_id={batch_id}"
+def batch_output_location(output_root: str, batch_id: int, plan_id: str | None = None) -> str:
+    """``{output_root}/batch_id={batch_id}`` (Parquet: the folder readers see as the batch), or with
+    ``plan_id`` (tables) ``{output_root}/batch_id={batch_id}-{plan_id}``: a folder only that plan
+    of the batch writes, so no attempt of another plan (a re-created checkpoint table, another
+    consumer) can replace files a table's snapshot or version references."""
+    return f"{output_root.rstrip('/')}/batch_id={batch_id}" + (f"-{plan_id}" if plan_id else "")
+
+
+#: The folder of Parquet output's committed records under the output root (a ``_`` folder:
+#: readers of the output root skip it; ``airflow_kinesis_spark.sinks.parquet``).
+COMMITTED_DIR = "_committed"
+
+
+def committed_record_location(output_root: str, batch_id: int) -> str:
+    """``{output_root}/_committed/batch_id={batch_id}/manifest``: Parquet batch ``batch_id``'s
+    committed record (its data files, one URI per line)."""
+    return f"{output_root.rstrip('/')}/{COMMITTED_DIR}/batch_id={batch_id}/manifest"
+
+
+def committed_record_of(output_location: str) -> str | None:
+    """The committed record a Parquet batch folder ``{root}/batch_id=N`` would have
+    (:func:`committed_record_location`); ``None`` for any other location (a table's plan folder,
+    a window's)."""
+    root, _, name = output_location.rstrip("/").rpartition("/")
+    number = name.removeprefix("batch_id=")
+    return committed_record_location(root, int(number)) if name.startswith("batch_id=") and number.isdigit() else None
+
+
+def plan_id(plan: BatchPlan) -> str:
+    """12 hex digits that identify one plan of a batch: a digest of its stream, consumer,
+    checkpoint table, batch id and creation time (ms). A re-run of the batch re-uses the plan
+    and so the id; a batch of the same id planned by another checkpoint history gets another."""
+    import hashlib
+
+    text = "\n".join([stream_name_of(plan.stream_name), plan.consumer_name, plan.checkpoint_table or "", str(plan.batch_id),
+                      format_timestamp(plan.created_at)])  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def planned_output_location(output_root: str, plan: BatchPlan, sink: Sink | None) -> str:
+    """Where batch ``plan`` writes: :func:`batch_output_location` of the task's root, with the
+    plan's :func:`plan_id` for a table output. Derived from the task's settings and the plan's
+    identity, never read from a stored plan."""
+    return batch_output_location(output_root, plan.batch_id, plan_id(plan) if _is_table(sink) else None)
 
 
 def window_output_location(output_root: str, start: datetime, end: datetime) -> str:
@@ -363,9 +410,11 @@ def prepare_incremental(
     """
     now = to_utc(now or datetime.now(timezone.utc))
     head = store.head()
-    if settings.sink is not None:
-        settings.sink.repair(store, head)
     plan = store.pending_plan(head)
+    if settings.sink is not None:
+        # Before anything is read or repaired: the output is this consumer's, and not ahead of the store.
+        settings.sink.check_output(settings.stream_name, settings.consumer_name, store, head, plan)
+        settings.sink.repair(store, head)
     if plan is not None:
         check_pending_plan(plan, head, store, settings)
     if plan is not None and _pending_plan_gaps(kinesis, store, plan, settings, owner, now):
@@ -481,6 +530,7 @@ def plan_batch(
     )
     _check_consumer_type(settings.consumer_type)
     plan = replace(plan, checkpoint_table=store.table_name, task_settings=_task_settings(settings))
+    plan = replace(plan, output_location=planned_output_location(settings.output_root, plan, settings.sink))
     gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
     if gaps:
         detail = _gap_detail(gaps)
@@ -565,9 +615,12 @@ def _differences(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSe
         "stream": stream_name_of(settings.stream_name),  # a stream's name and its ARN share checkpoints
         "consumer": settings.consumer_name,
         "checkpoint table": store.table_name,
-        "output location": batch_output_location(settings.output_root, pending_batch_id or 0),
+        "output location": planned_output_location(settings.output_root, replace(plan, batch_id=pending_batch_id or 0),
+                                                   settings.sink),
         "consumer type": settings.consumer_type,
     }
+    if _is_table(settings.sink) and plan.output_location == batch_output_location(settings.output_root, plan.batch_id):
+        expected["output location"] = plan.output_location  # a table's plan made before plan ids named folders
     stored: dict[str, Any] = {
         "batch id": plan.batch_id,
         "mode": plan.mode,
@@ -957,6 +1010,9 @@ def run_window(
         slices=int(slices), now=now, output_location=location,
     )  # fmt: skip
     _check_consumer_type(settings.consumer_type)
+    if settings.sink is not None:
+        settings.sink.claim(settings.stream_name, settings.consumer_name)
+        check_window_position(plan, settings, store)
     log.info("Window [%s, %s): %d shards x %d time slices, output %s",
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval, until_record=True)
@@ -995,6 +1051,63 @@ def run_window(
     if found:
         log_outcome(plan, reports, result)
     return result
+
+
+def check_window_position(plan: BatchPlan, settings: WindowSettings, store: Any) -> None:
+    """A window into its consumer's own output (a root or table that holds the consumer's
+    incremental batches, or a consumer with committed batches in ``store``) may cover only what
+    the consumer has committed: every shard the window reads must be checkpointed at
+    ``SHARD_END`` or known read up to the window's end (``core.lag.known_until``). Otherwise a
+    later incremental batch would add the window's newer rows a second time.
+
+    Windows into an output no incremental batch of the consumer writes are not limited.
+
+    :raises WindowAheadError: naming the shards, how far each is committed, the latest end the
+        window may have, and the ways out; nothing read or written.
+    """
+    assert settings.sink is not None
+    incremental = settings.sink.latest_batch(settings.stream_name, settings.consumer_name, 0) is not None
+    head = store.head() if store is not None else None
+    if head is not None and head.committed_batch_id > 0:
+        incremental = True
+    if not incremental:
+        return
+    where = settings.sink.table or settings.sink.output_path or settings.output_root
+    end = plan.cutoff
+    if store is None:
+        raise WindowAheadError(
+            f"Output {where} holds incremental batches of stream {stream_name_of(settings.stream_name)!r}, consumer "
+            f"{settings.consumer_name!r}, and this window task names no checkpoint_table to check the window against the "
+            "consumer's committed position. Nothing was read or written. Give it the consumer's checkpoint_table, or write "
+            "the window to another output_path or table.",
+            window_end=format_timestamp(end), committed_until=None, shards={},
+        )  # fmt: skip
+    committed = store.committed_checkpoints(head)
+    behind: dict[str, str] = {}
+    until: list[datetime] = []
+    for shard_id in sorted({r.shard_id for r in plan.ranges}):
+        checkpoint = committed.get(shard_id)
+        if checkpoint is not None and checkpoint.is_shard_end:
+            continue
+        known = known_until(checkpoint) if checkpoint is not None else None
+        if known is not None and known >= end:
+            continue
+        behind[shard_id] = f"committed up to {format_timestamp(known)}" if known else (
+            "never read by the consumer" if checkpoint is None else f"at {checkpoint}, time unknown")  # fmt: skip
+        if known is not None:
+            until.append(known)
+    if not behind:
+        return
+    latest = min(until) if len(until) == len(behind) else None
+    shards = "; ".join(f"{k}: {v}" for k, v in list(behind.items())[:5]) + (f"; and {len(behind) - 5} more" if len(behind) > 5 else "")
+    bound = f"End the window at {format_timestamp(latest)} or earlier" if latest else "Run the window after the consumer's next batches"
+    raise WindowAheadError(
+        f"Window [{format_timestamp(plan.window_start)}, {format_timestamp(end)}) into output {where} reaches past what "
+        f"consumer {settings.consumer_name!r} has committed ({shards}): the consumer's next incremental batches would add "
+        f"those rows again. Nothing was read or written. {bound}, or write the window to another output_path or table "
+        "(docs/backfill.md, windows and incremental batches).",
+        window_end=format_timestamp(end), committed_until=format_timestamp(latest) if latest else None, shards=behind,
+    )  # fmt: skip
 
 
 def _run_handed_window(store: Any, job: HandedBatchJob, plan: BatchPlan, owner: str, records_expected: bool) -> list[ShardReport]:

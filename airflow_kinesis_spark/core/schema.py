@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OUTPUT_COLUMNS", "arrow_schema", "spark_ddl"]
+__all__ = ["OUTPUT_COLUMNS", "arrow_schema", "spark_ddl", "schema_changes"]
 
 #: ``(name, Spark SQL type, Arrow type name)`` of each output column, in order. Timestamps are
 #: UTC with microseconds (``ApproximateArrivalTimestamp`` has milliseconds); ``data`` is the user
@@ -46,3 +46,39 @@ def arrow_schema(*extra: tuple[str, str]) -> Any:
     import pyarrow as pa
 
     return pa.schema([(name, _ARROW_TYPES[arrow](pa)) for name, _, arrow in OUTPUT_COLUMNS] + [(n, _ARROW_TYPES[t](pa)) for n, t in extra])
+
+
+def _type_name(arrow_type: Any) -> str:
+    """An Arrow type's name with the physical variants a table format may hand back folded into
+    one (``large_string``/``string_view`` -> ``string``, ``large_binary`` -> ``binary``,
+    ``large_list`` -> ``list``; a timestamp's zone ``+00:00`` -> ``UTC``; field names and
+    nullability inside nested types ignored)."""
+    text = str(arrow_type)
+    for variant, name in (("large_string", "string"), ("string_view", "string"), ("large_binary", "binary"),
+                          ("binary_view", "binary"), ("large_list", "list"), ("tz=+00:00", "tz=UTC"),
+                          ("tz=Etc/UTC", "tz=UTC"), (" not null", "")):  # fmt: skip
+        text = text.replace(variant, name)
+    import re
+
+    return re.sub(r"<(item|element): ", "<", text)
+
+
+def schema_changes(table_schema: Any, batch_schema: Any, *, ignore: tuple[str, ...] = ()) -> tuple[list[Any], list[str]]:
+    """How a batch's columns differ from a table's (both ``pyarrow.Schema``).
+
+    :param ignore: columns not compared (partition columns a format keeps outside the files).
+    :returns: ``(added, changed)``: the batch's fields the table lacks (in the batch's order),
+        and one line per column whose type differs, ``"name: table has T, batch has B"``. Columns
+        the table has and the batch lacks are neither (readers see them as null).
+    """
+    table = {f.name: f for f in table_schema}
+    added, changed = [], []
+    for field in batch_schema:
+        if field.name in ignore:
+            continue
+        have = table.get(field.name)
+        if have is None:
+            added.append(field)
+        elif _type_name(have.type) != _type_name(field.type):
+            changed.append(f"{field.name}: table has {have.type}, batch has {field.type}")
+    return added, changed

@@ -96,8 +96,10 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         or ``KinesisDeregisterStreamConsumerOperator``). Same records, reports and checkpoints:
         a consumer may switch between batches (a pending batch keeps the type it was planned with).
     :param output_format: ``parquet`` (default), ``iceberg`` or ``delta``; with ``table``,
-        ``catalog_conn_id``, ``catalog_properties``, ``partition_by``, ``max_records_per_file``
-        and ``storage_options``: see :class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`
+        ``catalog_conn_id``, ``catalog_properties``, ``partition_by``, ``max_records_per_file``,
+        ``target_file_size``, ``storage_options``, ``shared_output`` (several consumers write one
+        root or table, each under its own folder) and ``schema_evolution`` (``"add_columns"``:
+        new columns added to the table): see :class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`
         and docs/output.md. A table commit adds the batch's files (one Iceberg snapshot or Delta
         version per batch, recording stream, consumer and batch id) before the checkpoints
         advance; a re-run of a batch already in the table adds nothing.
@@ -264,6 +266,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         storage_options: dict[str, str] | None = None,
         target_file_size: int = 0,
         consumer_type: str = "polling",
+        shared_output: bool = False,
+        schema_evolution: str = "none",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -271,7 +275,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         self._init_output(
             output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
             partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
-            target_file_size=target_file_size,
+            target_file_size=target_file_size, shared_output=shared_output, schema_evolution=schema_evolution,
         )  # fmt: skip
         self.deferrable = deferrable
         self.poke_interval = poke_interval
@@ -448,7 +452,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         return IncrementalSettings(
             stream_name=self.stream_name,
             consumer_name=self.consumer_name,
-            output_root=self.output_path,
+            output_root=self.output_root,
             cutoff=self._cutoff(context, datetime.now(timezone.utc)),
             initial_position=self.initial_position,
             initial_timestamp=parse_timestamp(self.initial_timestamp) if self.initial_timestamp else None,
@@ -614,7 +618,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         start, end = self._window()
         parallelism = self.parallelism or int((self.spark_conf or {}).get("spark.default.parallelism", os.cpu_count() or 2))
         settings = WindowSettings(
-            stream_name=self.stream_name, consumer_name=self.consumer_name, output_root=self.output_path,
+            stream_name=self.stream_name, consumer_name=self.consumer_name, output_root=self.output_root,
             start=start, end=end, time_slices=self.time_slices, slice_length=self.slice_length, parallelism=parallelism,
             allow_data_loss=self.allow_data_loss, min_call_interval=self.min_call_interval, sink=self.sink,
             consumer_type=self.consumer_type,

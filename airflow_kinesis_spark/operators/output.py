@@ -18,7 +18,7 @@ from airflow_kinesis_spark.sinks import OUTPUT_FORMATS, Sink, build_sink
 __all__ = ["OutputSettingsMixin", "OUTPUT_TEMPLATE_FIELDS"]
 
 #: Output settings rendered by Jinja.
-OUTPUT_TEMPLATE_FIELDS = ("output_format", "table", "catalog_conn_id")
+OUTPUT_TEMPLATE_FIELDS = ("output_format", "table", "catalog_conn_id", "schema_evolution")
 
 
 class OutputSettingsMixin:
@@ -45,6 +45,16 @@ class OutputSettingsMixin:
         batch of a new table has none). Not with ``max_records_per_file``.
     :param storage_options: delta-rs storage options for an ``s3://`` table (locking provider,
         ...); credentials, region and endpoint come from ``aws_conn_id`` when not set.
+    :param shared_output: ``output_path`` (and an Iceberg ``table``) is shared by several
+        (stream, consumer) pairs: each writes its batches under
+        ``{output_path}/stream={stream}/consumer={consumer}``, so none collide. Default
+        ``False``: the first (stream, consumer) that writes the root owns it (recorded in
+        ``{output_path}/_kinesis_spark_output.json``), and any other fails before reading
+        (``OutputOwnedError``). Every task writing a shared root must set it.
+    :param schema_evolution: tables: ``"none"`` (default: a batch with columns the table does
+        not hold, or of other types, fails with ``TableCommitError``, nothing committed) or
+        ``"add_columns"`` (new columns are added to the table as nullable columns with the
+        batch's commit; a changed type still fails).
     """
 
     output_format: str
@@ -56,8 +66,11 @@ class OutputSettingsMixin:
         self, *, output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
         max_records_per_file: int = 0, storage_options: dict[str, str] | None = None, target_file_size: int = 0,
+        shared_output: bool = False, schema_evolution: str = "none",
     ) -> None:  # fmt: skip
         self.output_format = output_format
+        self.shared_output = shared_output
+        self.schema_evolution = schema_evolution
         self.target_file_size = target_file_size
         self.table = table
         self.catalog_conn_id = catalog_conn_id
@@ -76,7 +89,9 @@ class OutputSettingsMixin:
         props = dict(self.catalog_properties or {}) or ({"type": "from connection"} if self.catalog_conn_id else None)
         build_sink(self.output_format, self.output_path or "unset", table=self.table, catalog_properties=props,
                    partition_by=self.partition_by, max_records_per_file=self.max_records_per_file,
-                   target_file_size=self.target_file_size)  # fmt: skip
+                   target_file_size=self.target_file_size, shared_output=self.shared_output,
+                   stream_name=getattr(self, "stream_name", None) or "unset", consumer_name=getattr(self, "consumer_name", None) or "unset",
+                   schema_evolution=self.schema_evolution)  # fmt: skip
 
     @cached_property
     def sink(self) -> Sink:
@@ -84,8 +99,18 @@ class OutputSettingsMixin:
         return build_sink(
             self.output_format, self.output_path, table=self.table, catalog_properties=self._catalog_properties(),
             partition_by=self.partition_by, max_records_per_file=self.max_records_per_file,
-            storage_options=self._storage_options(), target_file_size=self.target_file_size,
+            storage_options=self._storage_options(), target_file_size=self.target_file_size, shared_output=self.shared_output,
+            stream_name=getattr(self, "stream_name", None), consumer_name=getattr(self, "consumer_name", None),
+            schema_evolution=self.schema_evolution,
         )  # fmt: skip
+
+    @property
+    def output_root(self) -> str:
+        """Where this (stream, consumer)'s batches go: ``output_path``, or its consumer folder
+        with ``shared_output`` (``sinks.ownership.consumer_root``)."""
+        from airflow_kinesis_spark.sinks.ownership import consumer_root
+
+        return consumer_root(self.output_path, getattr(self, "stream_name", ""), getattr(self, "consumer_name", ""), self.shared_output)
 
     def _catalog_properties(self) -> dict[str, str] | None:
         if self.output_format != "iceberg":

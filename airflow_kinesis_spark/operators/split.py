@@ -190,13 +190,13 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
         output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
         max_records_per_file: int = 0, storage_options: dict[str, str] | None = None, target_file_size: int = 0,
-        **kwargs: Any,
+        shared_output: bool = False, schema_evolution: str = "none", **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self._init_output(
             output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
             partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
-            target_file_size=target_file_size,
+            target_file_size=target_file_size, shared_output=shared_output, schema_evolution=schema_evolution,
         )  # fmt: skip
         self.stream_name = stream_name
         self.consumer_name = consumer_name
@@ -292,6 +292,8 @@ def kinesis_batch_task_group(
     max_records_per_file: int = 0,
     storage_options: dict[str, str] | None = None,
     target_file_size: int = 0,
+    shared_output: bool = False,
+    schema_evolution: str = "none",
     **plan_kwargs: Any,
 ) -> TaskGroup:
     """Plan, job and commit tasks of one incremental batch, as a task group ``group_id``.
@@ -310,7 +312,8 @@ def kinesis_batch_task_group(
     :param commit_kwargs: extra arguments of :class:`KinesisCommitBatchOperator` (``poke_interval``,
         ``job_start_timeout``, ``retries``, ...).
     :param output_format: and ``table``, ``catalog_conn_id``, ``catalog_properties``,
-        ``partition_by``, ``max_records_per_file``, ``target_file_size``, ``storage_options``: the output settings, given
+        ``partition_by``, ``max_records_per_file``, ``target_file_size``, ``storage_options``, ``shared_output``,
+        ``schema_evolution``: the output settings, given
         to the plan task (stored in the plan: what the job writes) and the commit task (the table
         commit) alike.
     :param plan_kwargs: arguments of :class:`KinesisPlanBatchOperator` (cutoff, initial position,
@@ -320,7 +323,8 @@ def kinesis_batch_task_group(
     output = {"output_format": output_format, "table": table, "catalog_conn_id": catalog_conn_id,
               "catalog_properties": catalog_properties, "partition_by": partition_by,
               "max_records_per_file": max_records_per_file, "storage_options": storage_options,
-              "target_file_size": target_file_size}  # fmt: skip
+              "target_file_size": target_file_size, "shared_output": shared_output,
+              "schema_evolution": schema_evolution}  # fmt: skip
     with TaskGroup(group_id) as group:
         plan = KinesisPlanBatchOperator(
             task_id="plan", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,

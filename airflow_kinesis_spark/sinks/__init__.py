@@ -44,6 +44,7 @@ __all__ = [
     "TableCommit",
     "build_sink",
     "plan_marker",
+    "BatchMark",
 ]
 
 #: The ``output_format`` values.
@@ -189,14 +190,106 @@ class TableCommit:
                 **dict(self.extra)}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class BatchMark:
+    """The newest batch of one (stream, consumer) an output holds (:meth:`Sink.latest_batch`).
+
+    :param batch_id: its batch id.
+    :param plan_created_at: the plan's creation time (:func:`plan_marker`), ``None`` when the
+        output does not say.
+    :param where: what holds it, for messages (a snapshot, a version, a committed record).
+    """
+
+    batch_id: int
+    plan_created_at: str | None
+    where: str
+
+
 class Sink:
     """What the protocol asks of an output form (the base is the no-op of plain Parquet without
     committed records, used by protocol tests).
 
     Every method is idempotent: the protocol calls them again when it rolls a batch forward.
+
+    ``output_path`` is the root the DAG author named (its owner record lives there,
+    :mod:`~airflow_kinesis_spark.sinks.ownership`); ``batch_root`` is where this (stream,
+    consumer)'s batches go: the root itself, or its :func:`~airflow_kinesis_spark.sinks.ownership.consumer_root`
+    when ``shared_output`` is set. :func:`build_sink` sets all three; the base's are empty (no
+    owner record, protocol tests).
     """
 
     format = "parquet"
+    output_path = ""
+    batch_root = ""
+    shared_output = False
+    schema_evolution = "none"
+    storage_options: Mapping[str, str] | None = None
+
+    def owner(self, stream_name: str, consumer_name: str) -> Any:
+        """The owner record this sink's task writes in ``output_path``."""
+        from airflow_kinesis_spark.sinks.ownership import owner_of
+
+        return owner_of(stream_name, consumer_name, self.format, self.shared_output, self.table if self.format == "iceberg" else None)
+
+    def check_output(self, stream_name: str, consumer_name: str, store: Any, head: Any, pending: Any) -> None:
+        """Before a run plans or re-uses a batch (nothing read yet): the output is this task's
+        (:func:`~airflow_kinesis_spark.sinks.ownership.claim_output`), and holds no batch of this
+        stream and consumer that the checkpoint store has not committed (:meth:`check_position`).
+
+        :raises OutputOwnedError: the output belongs to another stream, consumer or format.
+        :raises OutputAheadError: the output is ahead of the checkpoint store.
+        """
+        self.claim(stream_name, consumer_name)
+        self.check_position(stream_name, consumer_name, store, head, pending)
+
+    def claim(self, stream_name: str, consumer_name: str) -> None:
+        """The output is (stream, consumer)'s, recorded as such on first use (a window's too).
+
+        :raises OutputOwnedError: it belongs to another stream, consumer or format.
+        """
+        if self.output_path:
+            from airflow_kinesis_spark.sinks.ownership import claim_output
+
+            claim_output(self.output_path, self.owner(stream_name, consumer_name), self.storage_options)
+
+    def latest_batch(self, stream_name: str, consumer_name: str, committed_batch_id: int) -> BatchMark | None:
+        """The newest batch of (stream, consumer) the output holds, as far as it tells at a small
+        cost (at least: any batch above ``committed_batch_id``); ``None``: none found."""
+        return None
+
+    def check_position(self, stream_name: str, consumer_name: str, store: Any, head: Any, pending: Any) -> None:
+        """The output holds no batch of (stream, consumer) beyond the store's committed one,
+        except the pending batch's own (a crash between the table commit and the checkpoint
+        commit: it rolls forward), and its batch at the committed id is the committed plan's.
+
+        :raises OutputAheadError: naming the output, what it holds and the ways out.
+        """
+        from airflow_kinesis_spark.exceptions import OutputAheadError
+
+        committed = head.committed_batch_id
+        mark = self.latest_batch(stream_name, consumer_name, committed)
+        if mark is None or mark.batch_id < committed:
+            return
+        if mark.batch_id == committed:
+            plan = store.committed_plan(head) if mark.plan_created_at else None
+            if plan is None or plan.mode != "incremental" or plan_marker(plan) == mark.plan_created_at:
+                return
+        elif pending is not None and mark.batch_id == pending.batch_id and mark.plan_created_at == plan_marker(pending):
+            return
+        table = getattr(store, "table_name", "?")
+        planned = f", planned {mark.plan_created_at}" if mark.plan_created_at else ""
+        raise OutputAheadError(
+            f"Output {self.table or self.output_path} already holds batch {mark.batch_id} of stream {stream_name!r}, consumer "
+            f"{consumer_name!r} ({mark.where}{planned}), but checkpoint table {table!r} has committed batch {committed} "
+            f"{'from another plan' if mark.batch_id == committed else ''}: the output is ahead of the checkpoint store (the "
+            "checkpoint table was re-created, reset or restored, or another checkpoint table writes this output). Nothing "
+            "was read, written or deleted. Ways out: point checkpoint_table back at the table that committed these batches "
+            "(a deleted one can be restored from its DynamoDB point-in-time recovery backup); or write this consumer's new "
+            f"history to a new output_path{' or table' if self.format != 'parquet' else ''}. Do not reuse the output with a new "
+            "checkpoint history: it would read the same records again.",
+            output=self.table or self.output_path, batch_id=mark.batch_id, committed_batch_id=committed,
+            plan_created_at=mark.plan_created_at,
+        )  # fmt: skip
 
     def output_spec(self) -> OutputSpec:
         """What the job writes (stored in each plan)."""
@@ -256,6 +349,10 @@ def build_sink(
     max_records_per_file: int = 0,
     storage_options: Mapping[str, str] | None = None,
     target_file_size: int = 0,
+    shared_output: bool = False,
+    stream_name: str | None = None,
+    consumer_name: str | None = None,
+    schema_evolution: str = "none",
 ) -> Sink:
     """The sink of an operator's output settings.
 
@@ -268,8 +365,45 @@ def build_sink(
         columns (default ``arrival_date``); not for Parquet.
     :param target_file_size: tables only: target bytes per data file (0: none), turned into a
         rows cap per batch at planning (:meth:`Sink.planned_output_spec`).
+    :param shared_output: ``output_path`` is shared by several (stream, consumer) pairs: this
+        one's batches go to :func:`~airflow_kinesis_spark.sinks.ownership.consumer_root` (needs
+        ``stream_name`` and ``consumer_name``). Otherwise the root belongs to the first (stream,
+        consumer) that writes it (:mod:`~airflow_kinesis_spark.sinks.ownership`).
+    :param schema_evolution: tables only: ``"none"`` (default: a batch whose columns the table
+        does not hold, or of other types, fails with ``TableCommitError``) or ``"add_columns"``
+        (new columns are added to the table as nullable columns in the batch's own commit; a
+        changed type still fails).
     :raises ValueError: naming the setting, the problem and the fix.
     """
+    sink = _build_sink(output_format, output_path, table=table, catalog_properties=catalog_properties, partition_by=partition_by,
+                       max_records_per_file=max_records_per_file, storage_options=storage_options,
+                       target_file_size=target_file_size)  # fmt: skip
+    if schema_evolution not in SCHEMA_EVOLUTION:
+        raise ValueError(f"schema_evolution must be one of {', '.join(SCHEMA_EVOLUTION)}; got {schema_evolution!r}")
+    if schema_evolution != "none" and output_format == "parquet":
+        raise ValueError("schema_evolution applies to output_format 'iceberg' or 'delta': Parquet folders have no table schema")
+    if shared_output and not (stream_name and consumer_name):
+        raise ValueError("shared_output=True needs the task's stream_name and consumer_name")
+    from airflow_kinesis_spark.sinks.ownership import consumer_root
+
+    sink.output_path = output_path.rstrip("/")
+    sink.shared_output = bool(shared_output)
+    sink.batch_root = consumer_root(output_path, stream_name or "", consumer_name or "", bool(shared_output))
+    sink.schema_evolution = schema_evolution
+    if output_format == "parquet":
+        sink.output_root = sink.batch_root  # type: ignore[attr-defined]  # committed records live with the batches
+    return sink
+
+
+#: ``schema_evolution`` values (see :func:`build_sink`).
+SCHEMA_EVOLUTION = ("none", "add_columns")
+
+
+def _build_sink(
+    output_format: str, output_path: str, *, table: str | None, catalog_properties: Mapping[str, str] | None,
+    partition_by: Sequence[str] | None, max_records_per_file: int, storage_options: Mapping[str, str] | None,
+    target_file_size: int,
+) -> Sink:  # fmt: skip
     if isinstance(target_file_size, bool) or not isinstance(target_file_size, int) or target_file_size < 0:
         raise ValueError(f"target_file_size must be a number of bytes >= 0 (0: none); got {target_file_size!r}")
     if target_file_size and max_records_per_file:

@@ -36,8 +36,8 @@ from urllib.parse import unquote
 
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.exceptions import TableCommitError
-from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit, plan_marker
-from airflow_kinesis_spark.sinks.files import DataFile, filesystem, list_data_files, table_uri
+from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, Sink, TableCommit, plan_marker
+from airflow_kinesis_spark.sinks.files import DataFile, filesystem, list_data_files, read_schema, table_uri
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,24 @@ class DeltaSink(Sink):
         except TableNotFoundError:
             return None
 
+    def latest_batch(self, stream_name: str, consumer_name: str, committed_batch_id: int) -> BatchMark | None:
+        """The version of (stream, consumer)'s transaction (``DeltaTable.transaction_version``),
+        with its plan's creation time from the commit that set it (searched in the last
+        :data:`HISTORY_DEPTH` commits; ``None`` when older)."""
+        table = self.load()
+        if table is None:
+            return None
+        done = table.transaction_version(app_id(stream_name_of(stream_name), consumer_name))
+        if done is None:
+            return None
+        plan = None
+        for commit in self._commit_infos(table.version()):
+            if (commit.get("kinesis-spark.stream"), commit.get("kinesis-spark.consumer"), commit.get("kinesis-spark.batch-id")) == (
+                    stream_name_of(stream_name), consumer_name, str(done)):  # fmt: skip
+                plan = commit.get(PLAN_KEY)
+                break
+        return BatchMark(int(done), plan, f"Delta transaction {app_id(stream_name_of(stream_name), consumer_name)} at {done}")
+
     def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
         """Commit batch ``plan``'s files with its transaction identifier, unless the table has it.
         A commit that conflicts with a concurrent writer's is retried on the reloaded table
@@ -212,7 +230,8 @@ class DeltaSink(Sink):
 
         table = self.load()
         label = f"{plan.window_start.isoformat()}/{plan.cutoff.isoformat()}"
-        properties = CommitProperties(custom_metadata={"kinesis-spark.stream": stream_name_of(plan.stream_name), "kinesis-spark.window": label})
+        properties = CommitProperties(custom_metadata={"kinesis-spark.stream": stream_name_of(plan.stream_name),
+                                                       "kinesis-spark.consumer": plan.consumer_name, "kinesis-spark.window": label})  # fmt: skip
         removes, straddling = ([], []) if table is None else self._window_files(table, plan)
         if not straddling:
             return self._commit(table, plan, properties, removes=removes)
@@ -227,6 +246,7 @@ class DeltaSink(Sink):
         files = list_data_files(plan.output_location, self.storage_options)
         if not files:
             raise TableCommitError(f"window {plan.output_location} holds no data file; nothing committed")
+        self._check_schema(table, read_schema(files[0].uri, self.storage_options), plan)
         filesys, _ = filesystem(files[0].uri, self.storage_options)
         rows = ds.dataset([filesystem(f.uri, self.storage_options)[1] for f in files], filesystem=filesys, format="parquet")
         stream = stream_name_of(plan.stream_name).replace("'", "''")
@@ -305,7 +325,7 @@ class DeltaSink(Sink):
                                    "live under its location")  # fmt: skip
         relative = prefix[len(self.uri) + 1 :]
         spec = self.output_spec()
-        schema = self._schema(files[0])
+        schema = read_schema(files[0].uri, self.storage_options)
         missing = [name for name in self.partition_by if name not in schema.names]
         if missing:
             raise TableCommitError(f"partition_by names {missing}, which the batch's files lack (columns: {schema.names})")
@@ -323,6 +343,7 @@ class DeltaSink(Sink):
                     raise
                 table = self.load()
             else:
+                self._check_schema(table, schema, plan)
                 table.create_write_transaction([*removes, *adds], mode="append", schema=table.schema(),
                                                partition_by=table.metadata().partition_columns, commit_properties=properties)  # fmt: skip
                 table.update_incremental()
@@ -333,12 +354,48 @@ class DeltaSink(Sink):
                  f", removes {len(removes)}" if removes else "")  # fmt: skip
         return TableCommit("delta", self.uri, version=table.version(), files=len(adds))
 
-    def _schema(self, file: DataFile) -> Any:
-        import pyarrow.parquet as pq
+    def _check_schema(self, table: Any, schema: Any, plan: Any) -> None:
+        """Check the batch's columns against the table's before its commit (delta-rs's append of
+        add actions does not: a new column would be committed and stay invisible to readers).
 
-        filesys, path = filesystem(file.uri, self.storage_options)
-        with filesys.open_input_file(path) as src:
-            return pq.read_schema(src).remove_metadata()
+        With ``schema_evolution="add_columns"``, new columns are added to the table as nullable
+        columns first (``DeltaTable.alter.add_columns``: a schema commit of its own, just before
+        the batch's; if the batch's commit then fails, the table keeps the new columns, empty).
+
+        :raises TableCommitError: a column's type differs, or a new column without
+            ``schema_evolution="add_columns"``; naming each column. Nothing committed.
+        """
+        import pyarrow as pa
+        from deltalake import CommitProperties, Field
+
+        from airflow_kinesis_spark.core.schema import schema_changes
+
+        added, changed = schema_changes(pa.schema(table.schema().to_arrow()), schema)
+        what = f"batch {plan.batch_id}" if plan.mode == "incremental" else "the window"
+        if changed:
+            raise TableCommitError(
+                f"{what}'s columns do not fit Delta table {self.uri}: {'; '.join(changed)}. Nothing was committed (the "
+                "batch stays pending). A column's type cannot change in place: cast it in the transform, or write to a new "
+                "table (docs/output.md, schema changes).",
+                table=self.uri, changed=changed,
+            )  # fmt: skip
+        if not added:
+            return
+        names = [f"{f.name} {f.type}" for f in added]
+        if self.schema_evolution != "add_columns":
+            raise TableCommitError(
+                f"{what} has columns Delta table {self.uri} does not hold: {', '.join(names)}. Nothing was committed (the "
+                "batch stays pending). Set schema_evolution='add_columns' to add them as nullable columns in the batch's "
+                "commit, add them yourself (ALTER TABLE ... ADD COLUMNS), or drop them in the transform.",
+                table=self.uri, added=names,
+            )  # fmt: skip
+        table.alter.add_columns([Field.from_arrow(pa.field(f.name, f.type, nullable=True)) for f in added],
+                                commit_properties=CommitProperties(custom_metadata={
+                                    "kinesis-spark.stream": stream_name_of(plan.stream_name),
+                                    "kinesis-spark.consumer": plan.consumer_name, "kinesis-spark.schema-evolution": "add_columns"}))  # fmt: skip
+        table.update_incremental()
+        log.warning("table %s: added nullable columns %s for %s (schema_evolution='add_columns'), version %d",
+                    self.uri, names, what, table.version())  # fmt: skip
 
     def _add_action(self, file: DataFile, relative: str, spec: OutputSpec, schema: Any) -> Any:
         from deltalake.transaction import AddAction

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["DataFile", "filesystem", "list_data_files", "write_text", "read_text", "exists", "table_uri", "pyiceberg_io_properties"]
+__all__ = ["DataFile", "filesystem", "list_data_files", "write_text", "read_text", "exists", "table_uri", "pyiceberg_io_properties",
+           "read_schema"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,15 @@ def list_data_files(location: str, storage_options: Mapping[str, str] | None = N
         mtime = item.mtime_ns // 1_000_000 if item.mtime_ns is not None else 0
         files.append(DataFile(uri=_join(table_uri(location), relative), path=relative, size=int(item.size), mtime_ms=mtime))
     return sorted(files, key=lambda f: f.path)
+
+
+def read_schema(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
+    """The ``pyarrow.Schema`` of the Parquet file ``uri`` (from its footer, without metadata)."""
+    import pyarrow.parquet as pq
+
+    filesys, path = filesystem(uri, storage_options)
+    with filesys.open_input_file(path) as src:
+        return pq.read_schema(src).remove_metadata()
 
 
 def write_text(location: str, text: str, storage_options: Mapping[str, str] | None = None) -> None:

@@ -33,8 +33,8 @@ from typing import Any
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.exceptions import TableCommitError
-from airflow_kinesis_spark.sinks import OutputSpec, PartitionField, Sink, TableCommit, parse_partition_field, plan_marker
-from airflow_kinesis_spark.sinks.files import list_data_files, pyiceberg_io_properties, table_uri
+from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, Sink, TableCommit, parse_partition_field, plan_marker
+from airflow_kinesis_spark.sinks.files import list_data_files, pyiceberg_io_properties, read_schema, table_uri
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,39 @@ class IcebergSink(Sink):
         properties = {SUMMARY_STREAM: stream_name_of(plan.stream_name), SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_BATCH: str(plan.batch_id),
                       SUMMARY_PLAN: plan_marker(plan)}  # fmt: skip
         return self._commit(plan, properties, lambda table: self._batch_snapshot(table, plan))
+
+    def latest_batch(self, stream_name: str, consumer_name: str, committed_batch_id: int) -> BatchMark | None:
+        """The newest batch of (stream, consumer) in the table's snapshot summaries.
+
+        :raises OutputOwnedError: the table holds batches of another (stream, consumer) and this
+            task does not declare the output shared (``shared_output``).
+        """
+        from airflow_kinesis_spark.exceptions import OutputOwnedError
+
+        table = self.load()
+        if table is None:
+            return None
+        latest: BatchMark | None = None
+        others: set[tuple[str, str]] = set()
+        for snapshot in table.metadata.snapshots:
+            summary = snapshot.summary.additional_properties if snapshot.summary else {}
+            stream, consumer, batch = summary.get(SUMMARY_STREAM), summary.get(SUMMARY_CONSUMER), summary.get(SUMMARY_BATCH)
+            if stream is None or batch is None or not batch.isdigit():
+                continue
+            if (stream, consumer) != (stream_name_of(stream_name), consumer_name):
+                others.add((stream, consumer or ""))
+            elif latest is None or int(batch) > latest.batch_id:
+                latest = BatchMark(int(batch), summary.get(SUMMARY_PLAN), f"snapshot {snapshot.snapshot_id}")
+        if others and not self.shared_output:
+            names = ", ".join(f"stream {s!r} consumer {c!r}" for s, c in sorted(others))
+            raise OutputOwnedError(
+                f"Iceberg table {self.identifier} holds batches of {names}; this task is stream {stream_name_of(stream_name)!r}, "
+                f"consumer {consumer_name!r}. Nothing was read or written. Two consumers that each ingest a stream into one "
+                "table would each add every record: write to another table, or, if the table is meant to hold several "
+                "consumers' batches, set shared_output=True on each of their tasks.",
+                output=self.identifier, owner=sorted(others), wanted=[stream_name_of(stream_name), consumer_name],
+            )  # fmt: skip
+        return latest
 
     def _batch_snapshot(self, table: Any, plan: Any) -> Any:
         """The snapshot of ``table`` that added batch ``plan`` (its own plan), else ``None``.
@@ -248,7 +281,7 @@ class IcebergSink(Sink):
                         log.info("table %s: batch %d is in snapshot %d already; nothing added", self.identifier,
                                  plan.batch_id, found.snapshot_id)  # fmt: skip
                         return TableCommit("iceberg", self.identifier, snapshot_id=found.snapshot_id, already_committed=True)
-                    snapshot = self._add(table, uris, properties, before_add)
+                    snapshot = self._add(table, uris, properties, before_add, read_schema(files[0].uri, self.storage_options), plan)
             except (CommitFailedException, TableAlreadyExistsError) as err:
                 if attempt == COMMIT_ATTEMPTS:
                     raise
@@ -261,9 +294,44 @@ class IcebergSink(Sink):
             return TableCommit("iceberg", self.identifier, snapshot_id=snapshot.snapshot_id, files=len(files))
         raise AssertionError("unreachable")
 
-    def _add(self, table: Any, uris: list[str], properties: dict[str, str], before_add: Any) -> Any:
+    def _check_schema(self, tx: Any, table: Any, schema: Any, plan: Any) -> None:
+        """Check the batch's columns against the table's, as ``DeltaSink._check_schema`` does; with
+        ``schema_evolution="add_columns"`` new columns are added as optional (nullable) columns in
+        the batch's own transaction (pyiceberg's ``update_schema().union_by_name``).
+
+        :raises TableCommitError: a changed type, or new columns without ``add_columns``.
+        """
+        import pyarrow as pa
+
+        from airflow_kinesis_spark.core.schema import schema_changes
+
+        added, changed = schema_changes(table.schema().as_arrow(), schema, ignore=tuple(f.name for f in self.partition))
+        what = f"batch {plan.batch_id}" if plan.mode == "incremental" else "the window"
+        if changed:
+            raise TableCommitError(
+                f"{what}'s columns do not fit table {self.identifier}: {'; '.join(changed)}. Nothing was committed (the batch "
+                "stays pending). A column's type cannot change in place: cast it in the transform, or write to a new table "
+                "(docs/output.md, schema changes).",
+                table=self.identifier, changed=changed,
+            )  # fmt: skip
+        if not added:
+            return
+        names = [f"{f.name} {f.type}" for f in added]
+        if self.schema_evolution != "add_columns":
+            raise TableCommitError(
+                f"{what} has columns table {self.identifier} does not hold: {', '.join(names)}. Nothing was committed (the "
+                "batch stays pending). Set schema_evolution='add_columns' to add them as optional columns in the batch's "
+                "commit, add them yourself (ALTER TABLE ... ADD COLUMN), or drop them in the transform.",
+                table=self.identifier, added=names,
+            )  # fmt: skip
+        with tx.update_schema() as update:
+            update.union_by_name(pa.schema([pa.field(f.name, f.type, nullable=True) for f in added]))
+        log.warning("table %s: adding optional columns %s with %s (schema_evolution='add_columns')", self.identifier, names, what)
+
+    def _add(self, table: Any, uris: list[str], properties: dict[str, str], before_add: Any, schema: Any, plan: Any) -> Any:
         try:
             with table.transaction() as tx:
+                self._check_schema(tx, table, schema, plan)
                 if before_add is not None:
                     before_add(tx, table.schema())
                 tx.add_files(uris, snapshot_properties=properties)
@@ -278,16 +346,11 @@ class IcebergSink(Sink):
     def _create_with(self, files: Sequence[Any], uris: list[str], properties: dict[str, str]) -> Any:
         """Create the table from the first file's schema, partition it, and add ``uris``: one
         atomic catalog commit (a concurrent creator makes it raise ``TableAlreadyExistsError``)."""
-        import pyarrow.parquet as pq
         from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, YearTransform
-
-        from airflow_kinesis_spark.sinks.files import filesystem
 
         transforms = {"identity": IdentityTransform, "year": YearTransform, "month": MonthTransform, "day": DayTransform,
                       "hour": HourTransform}  # fmt: skip
-        filesys, path = filesystem(files[0].uri, self.storage_options)
-        with filesys.open_input_file(path) as src:
-            schema = pq.read_schema(src).remove_metadata()
+        schema = read_schema(files[0].uri, self.storage_options)
         missing = [f.source for f in self.partition if f.source not in schema.names]
         if missing:
             raise TableCommitError(f"partition_by names {missing}, which the batch's files lack (columns: {schema.names})")

@@ -9,7 +9,13 @@ after the checkpoint commit does the batch get:
   files, one URI per line. This is Hive's ``SymlinkTextInputFormat`` layout, so an Athena/Trino
   table over ``{output_path}/_committed/`` reads committed batches only (docs/output.md has the
   DDL), and Spark or pyarrow read the listed files;
-- a ``_SUCCESS`` marker in the batch folder.
+- a ``_SUCCESS`` marker in the batch folder;
+- beside the manifest, ``_batch.json``: the stream, consumer, batch id, plan creation time and
+  checkpoint table of the batch (a ``_`` file: Hive's and Athena's symlink readers skip it).
+  Before planning, a run checks the root holds no committed record of a batch its checkpoint
+  store has not committed (``Sink.check_position``): a re-created checkpoint table or a second
+  checkpoint history writing the same root fails before any Spark job, and the job itself never
+  replaces a batch folder that has a committed record (``spark_scripts/kinesis_batch.py``).
 
 A crash between the checkpoint commit and these writes is repaired by the next run, before it
 plans (:meth:`ParquetSink.repair`).
@@ -17,25 +23,23 @@ plans (:meth:`ParquetSink.repair`).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_kinesis_spark.sinks import Sink, TableCommit
-from airflow_kinesis_spark.sinks.files import exists, list_data_files, write_text
+from airflow_kinesis_spark.core.names import stream_name_of
+from airflow_kinesis_spark.core.protocol import COMMITTED_DIR, committed_record_location
+from airflow_kinesis_spark.sinks import BatchMark, Sink, TableCommit, plan_marker
+from airflow_kinesis_spark.sinks.files import exists, list_data_files, read_text, write_text
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ParquetSink", "COMMITTED_DIR", "committed_record_location", "committed_files"]
+__all__ = ["ParquetSink", "COMMITTED_DIR", "committed_record_location", "committed_files", "batch_record_location"]
 
-#: The folder of committed records under the output root (a ``_`` folder: readers of the
-#: output root skip it).
-COMMITTED_DIR = "_committed"
-
-
-def committed_record_location(output_root: str, batch_id: int) -> str:
-    """``{output_root}/_committed/batch_id={batch_id}/manifest``."""
-    return f"{output_root.rstrip('/')}/{COMMITTED_DIR}/batch_id={batch_id}/manifest"
+def batch_record_location(output_root: str, batch_id: int) -> str:
+    """``{output_root}/_committed/batch_id={batch_id}/_batch.json``: which batch the record is."""
+    return f"{output_root.rstrip('/')}/{COMMITTED_DIR}/batch_id={batch_id}/_batch.json"
 
 
 def committed_files(output_root: str, storage_options: Mapping[str, str] | None = None) -> list[str]:
@@ -88,6 +92,9 @@ class ParquetSink(Sink):
             )  # fmt: skip
             return
         listing = "".join(f"{plan.output_location}/{f.path}\n" for f in files)
+        about = {"stream": stream_name_of(plan.stream_name), "consumer": plan.consumer_name, "batch_id": plan.batch_id,
+                 "plan_created_at": plan_marker(plan), "checkpoint_table": plan.checkpoint_table, "files": len(files)}  # fmt: skip
+        write_text(batch_record_location(self.output_root, plan.batch_id), json.dumps(about, sort_keys=True) + "\n", self.storage_options)
         write_text(committed_record_location(self.output_root, plan.batch_id), listing, self.storage_options)
         write_text(f"{plan.output_location}/_SUCCESS", "", self.storage_options)
         log.info("batch %d: committed record written (%d data files) at %s", plan.batch_id, len(files),
@@ -109,6 +116,22 @@ class ParquetSink(Sink):
         log.warning("batch %d is committed but its committed record is missing (a crash after the checkpoint commit): "
                     "writing it now", batch_id)  # fmt: skip
         self.after_checkpoint_commit(plan, reports)
+
+    def latest_batch(self, stream_name: str, consumer_name: str, committed_batch_id: int) -> BatchMark | None:
+        """A committed record of batch ``committed_batch_id + 1`` (the root is ahead), else the
+        committed batch's own record (with its plan's creation time, when it says)."""
+        for batch_id in (committed_batch_id + 1, committed_batch_id):
+            if batch_id < 1 or not exists(committed_record_location(self.output_root, batch_id), self.storage_options):
+                continue
+            text = read_text(batch_record_location(self.output_root, batch_id), self.storage_options)
+            try:
+                about = json.loads(text) if text else {}
+            except ValueError:
+                about = {}
+            if about and (about.get("stream"), about.get("consumer")) != (stream_name_of(stream_name), consumer_name):
+                about = {}  # not this consumer's record: the owner record decides whose root it is
+            return BatchMark(batch_id, about.get("plan_created_at"), f"committed record {committed_record_location(self.output_root, batch_id)}")
+        return None
 
     def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit | None:
         """Nothing to make visible before the checkpoints advance: the committed record follows them."""

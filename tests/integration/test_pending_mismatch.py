@@ -13,6 +13,7 @@ import re
 import time
 from datetime import datetime, timedelta, timezone
 
+import boto3
 import pytest
 from click.testing import CliRunner
 
@@ -225,7 +226,10 @@ def test_wrong_output_path_fixed_then_discard_pending_then_exactly_once(
     committed = store.committed_checkpoints()
     produced += put_plain(kinesis, unique_name, [(f"k{i}", f"second {i}".encode()) for i in range(30)])
 
-    # a DAG change gives a wrong output_path: Spark cannot write there, batch 2 stays pending
+    # a DAG change gives a wrong output_path: the worker may write there (its owner record), Spark
+    # cannot (no S3 connector on this Spark), so batch 2 stays pending
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name=REGION, aws_access_key_id=TEST_ACCESS_KEY,
+                 aws_secret_access_key=TEST_SECRET_KEY).create_bucket(Bucket="no-such-lake")  # fmt: skip
     wrong = "s3://no-such-lake/logs"
     with pytest.raises(RuntimeError, match="The Spark job of batch 2 failed"):
         ingest(wrong)
