@@ -24,7 +24,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
@@ -346,21 +347,33 @@ def run_incremental(
         return prepared.summary
     plan = prepared.plan
     assert plan is not None
-    if hands_off(job):
-        arguments = prepared.job_arguments(store, owner, settings.lease_seconds)
-        try:
+    with _released_on_error(store, plan.batch_id, owner):
+        if hands_off(job):
+            arguments = prepared.job_arguments(store, owner, settings.lease_seconds)
             # This run holds the batch until its job's driver claims it (the driver's start may
             # outlast the lease); the driver holds it from then on.
             with store.hold_hand_off(plan.batch_id, owner, settings.lease_seconds):
                 job.run_handed(arguments, output_location=plan.output_location)  # type: ignore[union-attr]
-        except Exception:
-            store.release_handed(plan.batch_id, owner)  # its processes ended: a retry need not wait for the lease
-            raise
-        return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused, sink=settings.sink)
-    return _run_job_and_commit(
-        store, job, plan, owner, settings.lease_seconds, records_expected=prepared.records_expected,  # type: ignore[arg-type]
-        reused=prepared.reused, sink=settings.sink,
-    )  # fmt: skip
+            return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused, sink=settings.sink)
+        return _run_job_and_commit(
+            store, job, plan, owner, settings.lease_seconds, records_expected=prepared.records_expected,  # type: ignore[arg-type]
+            reused=prepared.reused, sink=settings.sink,
+        )  # fmt: skip
+
+
+@contextmanager
+def _released_on_error(store: Any, batch_id: int, owner: str) -> Iterator[None]:
+    """Give up this run's lease on ``batch_id`` (its own and its writers': the job's driver, the
+    commit) when the run fails, so a retry need not wait for the lease to expire: this run's
+    processes ended (a job that failed, a table commit that refused the batch)."""
+    try:
+        yield
+    except Exception:
+        try:
+            store.release_handed(batch_id, owner)
+        except Exception as err:  # noqa: BLE001 - the run's own error is the one to report
+            log.warning("could not release the lease on batch %d: %s", batch_id, err)
+        raise
 
 
 @dataclass(frozen=True)
@@ -429,8 +442,9 @@ def prepare_incremental(
         reports = store.pending_report(head)
         if reports is not None:
             log.info("Batch %d's output was already written; committing without re-running Spark", plan.batch_id)
-            checkpoints = validate_report(plan, reports)
-            return PreparedBatch(summary=_commit(store, plan, reports, checkpoints, owner, reused=True, sink=settings.sink))
+            with _released_on_error(store, plan.batch_id, owner):
+                checkpoints = validate_report(plan, reports)
+                return PreparedBatch(summary=_commit(store, plan, reports, checkpoints, owner, reused=True, sink=settings.sink))
         return PreparedBatch(plan=plan, records_expected=False, reused=True)
 
     plan = plan_batch(kinesis, store, settings, head.committed_batch_id + 1, now, head=head)

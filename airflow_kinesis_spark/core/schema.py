@@ -79,6 +79,6 @@ def schema_changes(table_schema: Any, batch_schema: Any, *, ignore: tuple[str, .
         have = table.get(field.name)
         if have is None:
             added.append(field)
-        elif _type_name(have.type) != _type_name(field.type):
-            changed.append(f"{field.name}: table has {have.type}, batch has {field.type}")
+        elif (old := _type_name(have.type)) != (new := _type_name(field.type)):
+            changed.append(f"{field.name}: table has {old}, batch has {new}")
     return added, changed
