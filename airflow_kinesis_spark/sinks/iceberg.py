@@ -202,14 +202,25 @@ class IcebergSink(Sink):
     # -- windows ---------------------------------------------------------------------------
 
     def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
-        """Replace the window's rows of this stream with the window's files, in one transaction."""
+        """Replace the window's rows of this stream with the window's files, in one snapshot.
+
+        When every file with rows of the window lies wholly inside it (by pyiceberg's own metrics
+        evaluation: no file that may hold the window's rows may also hold rows outside it, e.g.
+        files of earlier window runs, or day-aligned windows over day-partitioned batches), one
+        ``overwrite`` snapshot removes those files and adds the window's. Otherwise (files
+        straddle the window's bounds and must be rewritten, copy-on-write) one transaction holds
+        pyiceberg's delete snapshot and the append snapshot: one catalog commit, so readers of
+        the table's current snapshot never see the window's rows missing, but the table's
+        history shows the two. The commit's summary records stream, consumer and window.
+        """
         from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
         label = f"{format_timestamp(plan.window_start)}/{format_timestamp(plan.cutoff)}"
         properties = {SUMMARY_STREAM: stream_name_of(plan.stream_name), SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_WINDOW: label}
 
-        def replace(tx: Any, table_schema: Any) -> None:
-            names = {f.name for f in table_schema.fields}
+        def replace(tx: Any, table: Any, uris: list[str]) -> bool:
+            names = {f.name for f in table.schema().fields}
             if "approximate_arrival_timestamp" not in names:
                 raise TableCommitError(f"table {self.identifier} has no approximate_arrival_timestamp column: a window "
                                        "cannot replace its rows (keep the column in the transform's output)")  # fmt: skip
@@ -217,9 +228,51 @@ class IcebergSink(Sink):
                         LessThan("approximate_arrival_timestamp", plan.cutoff.isoformat()))  # fmt: skip
             if "stream_name" in names:
                 where = And(where, EqualTo("stream_name", stream_name_of(plan.stream_name)))
-            tx.delete(where, snapshot_properties=properties)
+            maybe = [t.file for t in table.scan(row_filter=where).plan_files()]
+            straddling = [f.file_path for f in maybe if not self._wholly_inside(table.schema(), f, plan)]
+            if straddling:
+                log.info("table %s: %d files straddle the window's bounds (e.g. %s): the window's commit rewrites them (a "
+                         "delete snapshot, then the append, in one transaction)", self.identifier, len(straddling), straddling[0])  # fmt: skip
+                tx.delete(where, snapshot_properties=properties)
+                return False
+            with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+                for data_file in maybe:
+                    overwrite.delete_data_file(data_file)
+                for uri in uris:
+                    overwrite.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, uri))
+            return True
 
         return self._commit(plan, properties, lambda table: None, before_add=replace)
+
+    @staticmethod
+    def _wholly_inside(schema: Any, data_file: Any, plan: Any) -> bool:
+        """Whether every row of ``data_file`` arrived in the window and is of its stream, by the
+        file's column bounds (``approximate_arrival_timestamp`` in ``[start, end)``; ``stream_name``
+        lower = upper = the stream: full bounds, see ``_create_with``). No bounds: not known inside."""
+        from pyiceberg.conversions import from_bytes
+
+        def bounds(name: str) -> tuple[Any, Any] | None:
+            try:
+                field = schema.find_field(name)
+            except ValueError:
+                return None
+            low, high = (data_file.lower_bounds or {}).get(field.field_id), (data_file.upper_bounds or {}).get(field.field_id)
+            if low is None or high is None:
+                return None
+            return from_bytes(field.field_type, low), from_bytes(field.field_type, high)
+
+        arrival = bounds("approximate_arrival_timestamp")
+        if arrival is None:
+            return False
+        start, end = (int(t.timestamp() * 1_000_000) for t in (plan.window_start, plan.cutoff))
+        if not (start <= arrival[0] and arrival[1] < end):
+            return False
+        try:
+            schema.find_field("stream_name")
+        except ValueError:
+            return True  # the table holds no stream column: one stream's rows
+        stream = bounds("stream_name")
+        return stream is not None and stream[0] == stream[1] == stream_name_of(plan.stream_name)
 
     def compact(self, start: Any, end: Any) -> dict[str, Any]:
         """Rewrite the rows with ``approximate_arrival_timestamp`` in ``[start, end)`` into as few
@@ -332,9 +385,8 @@ class IcebergSink(Sink):
         try:
             with table.transaction() as tx:
                 self._check_schema(tx, table, schema, plan)
-                if before_add is not None:
-                    before_add(tx, table.schema())
-                tx.add_files(uris, snapshot_properties=properties)
+                if before_add is None or not before_add(tx, table, uris):  # True: it added the files itself
+                    tx.add_files(uris, snapshot_properties=properties)
         except (ValueError, TypeError) as err:
             raise TableCommitError(
                 f"the batch's files do not fit table {self.identifier} ({err}). Nothing was committed. If the "
@@ -358,7 +410,10 @@ class IcebergSink(Sink):
         self.catalog().create_namespace_if_not_exists(namespace)
         log.info("creating Iceberg table %s at %s, partitioned by %s", self.identifier, self.location,
                  [f"{f.transform}({f.source})" for f in self.partition])  # fmt: skip
-        tx = self.catalog().create_table_transaction(self.identifier, schema=schema, location=table_uri(self.location))
+        # Full bounds of stream_name (not truncated to 16 characters): a window's commit can then tell
+        # a file of one stream from one that may hold others (commit_window).
+        tx = self.catalog().create_table_transaction(self.identifier, schema=schema, location=table_uri(self.location),
+                                                     properties={"write.metadata.metrics.column.stream_name": "full"})  # fmt: skip
         with tx.update_spec() as spec:
             for f in self.partition:
                 spec.add_field(f.source, transforms[f.transform](), f.source if f.transform == "identity" else f"{f.source}_{f.transform}")

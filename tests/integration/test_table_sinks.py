@@ -150,3 +150,47 @@ def test_a_target_file_size_becomes_a_rows_cap_from_the_tables_stored_bytes_per_
         from airflow_kinesis_spark.sinks import build_sink
 
         build_sink("delta", str(location), target_file_size=target, max_records_per_file=10)
+
+
+def test_an_iceberg_window_over_whole_files_is_one_overwrite_snapshot_and_a_re_run_another(tmp_path):
+    """Windows that replace whole files (a window's earlier run, day-aligned windows over batches
+    of one day): one snapshot per window run that removes those files and adds the run's, with
+    stream, consumer and window in its summary; a window whose bounds cut files falls back to
+    pyiceberg's copy-on-write delete and the append, in one transaction."""
+    from airflow_kinesis_spark.sinks.iceberg import SUMMARY_CONSUMER, SUMMARY_WINDOW
+
+    location = tmp_path / "table"
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}/wh"}
+    sink = IcebergSink("lake.events", catalog, str(location))
+    for batch_id in (1, 2, 3):
+        write_batch(location, batch_id, 30, delta=False)
+        sink.commit_batch(plan(location, batch_id), [])
+    before = sink.load().scan().to_arrow()
+    start, end = DAY, DAY + timedelta(days=1)  # the whole day: every batch file lies inside
+
+    def window_run(run: int, window_start, window_end) -> BatchPlan:
+        rows = before.filter(pa.compute.and_(pa.compute.greater_equal(before["approximate_arrival_timestamp"], pa.scalar(window_start)),
+                                             pa.compute.less(before["approximate_arrival_timestamp"], pa.scalar(window_end))))  # fmt: skip
+        folder = location / "window=w" / f"run={run}" / f"_p0={DAY.date().isoformat()}"
+        folder.mkdir(parents=True)
+        pq.write_table(rows, folder / "part-0.parquet")
+        return BatchPlan(batch_id=0, stream_name="s", consumer_name="c", cutoff=window_end, created_at=DAY, ranges=(), checkpoints={},
+                         output_location=f"{location}/window=w/run={run}", mode="window", window_start=window_start)  # fmt: skip
+
+    for run in (1, 2):
+        snapshots = len(sink.load().metadata.snapshots)
+        sink.commit_window(window_run(run, start, end), [])
+        table = sink.load()
+        assert len(table.metadata.snapshots) == snapshots + 1  # one snapshot per window run
+        summary = table.current_snapshot().summary
+        assert summary.operation.value == "overwrite" and summary.additional_properties[SUMMARY_CONSUMER] == "c"
+        assert SUMMARY_WINDOW in summary.additional_properties
+        assert sorted(table.scan().to_arrow().column("sequence_number").to_pylist()) == sorted(before.column("sequence_number").to_pylist())
+        assert len(list(table.scan().plan_files())) == 1  # the run's file replaced the batches' (or the last run's)
+
+    # A window inside the day cuts the run's file: the rows outside it stay, the rows inside once.
+    snapshots = len(sink.load().metadata.snapshots)
+    sink.commit_window(window_run(3, DAY + timedelta(minutes=2), DAY + timedelta(minutes=2, seconds=10)), [])
+    table = sink.load()
+    assert len(table.metadata.snapshots) > snapshots
+    assert sorted(table.scan().to_arrow().column("sequence_number").to_pylist()) == sorted(before.column("sequence_number").to_pylist())
