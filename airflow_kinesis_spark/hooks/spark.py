@@ -27,6 +27,7 @@ import importlib.util
 import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -34,10 +35,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +75,10 @@ __all__ = [
     "sweep_leftover_temp_dirs",
     "CONNECT_ENV_VARS",
     "CONNECT_READY_TIMEOUT",
+    "UNRESPONSIVE_TIMEOUT_EXTRA",
+    "DEFAULT_UNRESPONSIVE_TIMEOUT",
+    "server_answers",
+    "unresponsive_timeout",
 ]
 
 SPARK_SCRIPT = "kinesis_batch.py"
@@ -97,6 +103,17 @@ TEMP_DIR_MAX_AGE = 24 * 3600.0
 CONNECT_ENV_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 #: Seconds a Spark Connect server has to accept the gRPC channel (PySpark's own retries take minutes).
 CONNECT_READY_TIMEOUT = 10.0
+#: ``spark_connect`` connection extra: seconds a running job waits for a Spark Connect server that
+#: does not answer (killed, frozen, unreachable) before it is given up (:class:`SparkConnectJob`).
+UNRESPONSIVE_TIMEOUT_EXTRA = "unresponsive_timeout"
+#: Its default: PySpark's client would retry an unreachable server for about 10 minutes
+#: (``DefaultPolicy``: "the maximum tolerated wait is guaranteed to be at least 10 minutes") and
+#: wait on one that accepts connections but does not answer for ever; a server that answered no
+#: call for a minute is down (a busy server answers: its gRPC threads are not Spark's).
+DEFAULT_UNRESPONSIVE_TIMEOUT = 60.0
+#: Seconds between two checks that the server answers while a job runs, and the longest a check
+#: waits (less when ``unresponsive_timeout`` is short: a third of it).
+SERVER_CHECK_INTERVAL = 5.0
 #: ``spark_connect`` connection extra: a secret (string) that keys the reusable session ids, shared
 #: by the workers that should reuse each other's sessions. Without it, each worker keeps its own
 #: secret in :func:`worker_secret_path`.
@@ -680,6 +697,44 @@ def check_spark_connect(url: str, conn_id: str) -> None:
         channel.close()
 
 
+def server_answers(url: str, timeout: float) -> bool:
+    """Whether the Spark Connect server of ``url`` answers a gRPC call within ``timeout`` seconds.
+
+    The call is the standard health check (``grpc.health.v1.Health/Check``) on a new channel: any
+    answer counts, ``UNIMPLEMENTED`` included (the server's gRPC layer is alive; it answers while
+    its Spark jobs run); ``DEADLINE_EXCEEDED`` (a frozen server, or one whose host is gone) and
+    ``UNAVAILABLE`` (nothing listens: a killed server) do not. No session is touched.
+    """
+    import grpc
+
+    channel = _channel_builder(url).toChannel()
+    try:
+        channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=timeout)
+        return True
+    except grpc.RpcError as err:
+        return err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+    finally:
+        channel.close()
+
+
+def unresponsive_timeout(extra: dict[str, Any], conn_id: str) -> float:
+    """The connection's ``unresponsive_timeout`` extra (seconds; default :data:`DEFAULT_UNRESPONSIVE_TIMEOUT`).
+
+    :raises ValueError: not a number of seconds > 0 (naming the connection).
+    """
+    value = extra.get(UNRESPONSIVE_TIMEOUT_EXTRA)
+    if value is None or value == "":
+        return DEFAULT_UNRESPONSIVE_TIMEOUT
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"spark_connect connection {conn_id!r}: extra {UNRESPONSIVE_TIMEOUT_EXTRA!r} must be a number of "
+                         f"seconds > 0; got {value!r}")  # fmt: skip
+    return seconds
+
+
 def _channel_builder(url: str) -> Any:
     """PySpark's parser of ``sc://`` URLs (``DefaultChannelBuilder``; ``ChannelBuilder`` before Spark 4)."""
     try:
@@ -780,6 +835,10 @@ class SparkConnectJob:
     artifacts and warm Python workers on the server (the artifacts' digest is kept in the
     session's conf). A session the server no longer accepts (expired, released, or holding other
     artifacts) is left to the server and this run uses a new one, released at its end.
+
+    A server that stops answering while the job runs (killed, frozen, unreachable) is given up
+    after the connection's extra ``unresponsive_timeout`` seconds without an answer (default
+    :data:`DEFAULT_UNRESPONSIVE_TIMEOUT`), with :class:`TimeoutError`; see :meth:`run`.
     """
 
     takes_batch_from_store = False
@@ -789,11 +848,25 @@ class SparkConnectJob:
         self.session_scope = session_scope
         self._spark: Any = None
         self._secret = b""
+        #: The gRPC channels of this run's sessions (:meth:`_connect`), closed when the run is given up.
+        self._channels: list[Any] = []
+        self._abandoned = False
 
     def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
-        """:raises RuntimeError: the job failed; :raises EndpointUnreachableError: no server."""
+        """Run the batch's job over Spark Connect and return its reports.
+
+        The job runs in a thread of this process while this one checks that the server answers
+        (:func:`server_answers`, every :data:`SERVER_CHECK_INTERVAL` seconds). A server that
+        answered nothing for the connection's ``unresponsive_timeout`` seconds (default
+        :data:`DEFAULT_UNRESPONSIVE_TIMEOUT`) is given up: an ERROR line names it
+        (``sc://host:port``, never a token), the client is closed and :class:`TimeoutError` is
+        raised, so the protocol releases the batch's lease and a retry may take it over at once.
+
+        :raises RuntimeError: the job failed; :raises EndpointUnreachableError: no server at the start.
+        :raises TimeoutError: the server stopped answering while the job ran.
+        :raises ValueError: the connection's ``unresponsive_timeout`` is not a number of seconds > 0.
+        """
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-        from pyspark.sql import SparkSession
 
         from airflow_kinesis_spark.core.transform import resolve_transform
 
@@ -803,6 +876,7 @@ class SparkConnectJob:
         connect_hook = SparkConnectHook(conn_id=s.spark_conn_id)
         url = connect_hook.get_connection_url()
         extra = connect_hook.get_connection(s.spark_conn_id).extra_dejson
+        timeout = unresponsive_timeout(extra, s.spark_conn_id)
         if s.job_credentials != "none":  # before any credential is even made
             check_connect_transport(url, s.spark_conn_id, allow_insecure=bool(extra.get(ALLOW_INSECURE_EXTRA)))
         aws_env = s.aws_environment(plan.stream_name, output_location=plan.output_location)
@@ -811,20 +885,41 @@ class SparkConnectJob:
         log.info("Running the Spark job of %s over Spark Connect (%d shard ranges)", describe(plan), len(plan.ranges))
         check_spark_connect(url, s.spark_conn_id)
         saved = {k: os.environ.get(k) for k in CONNECT_ENV_VARS}
-        try:
+        abandoned = False
+        self._channels, self._abandoned = [], False
+
+        def work() -> dict[str, Any]:
             with batch_temp_dir(plan.batch_id) as tmp:
                 artifacts = [core_zip(tmp), *filter(None, (s.py_files or "").split(","))]
-                self._spark = self._session(SparkSession, url, plan, artifacts)
-                result = job.run(self._spark, plan.to_dict(), transform, aws_env,
-                                 s.read_options.job_options(records_expected))  # fmt: skip
+                spark = self._session(url, plan, artifacts)
+                return job.run(spark, plan.to_dict(), transform, aws_env,  # type: ignore[no-any-return]
+                               s.read_options.job_options(records_expected))  # fmt: skip
+
+        try:
+            result = _while_server_answers(work, url, timeout, what=f"the Spark job of {describe(plan)}")
+        except _ServerUnresponsive as gone:
+            abandoned = True
+            endpoint = f"sc://{_channel_builder(url).endpoint}"
+            log.error("The Spark Connect server %s (spark_connect connection %r) answered nothing for %.0f s "
+                      "(unresponsive_timeout %g s): giving up the Spark job of %s", endpoint, s.spark_conn_id,
+                      gone.silent, timeout, describe(plan))  # fmt: skip
+            raise TimeoutError(
+                f"The Spark Connect server {endpoint} of spark_connect connection {s.spark_conn_id!r} answered nothing "
+                f"for {gone.silent:.0f} s while it ran the Spark job of {describe(plan)} (the connection's extra "
+                f"{UNRESPONSIVE_TIMEOUT_EXTRA!r} is {timeout:g} s): it was killed, froze or cannot be reached; the job "
+                f"was given up. {after_failure(plan)}"
+            ) from None
         except Exception as err:
             raise RuntimeError(
                 f"The Spark job of {describe(plan)} failed over Spark Connect: {err}. {after_failure(plan)}"
             ) from err
         finally:
-            if self._spark is not None:
+            if abandoned:
+                self._abandon()
+            elif self._spark is not None:
                 self._spark.stop()
-                self._spark = None
+            self._spark = None
+            self._channels = []
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -840,13 +935,55 @@ class SparkConnectJob:
             except Exception as err:  # noqa: BLE001 - the session may be gone already
                 log.warning("Could not interrupt the Spark Connect job: %s", err)
 
-    def _session(self, session_cls: Any, url: str, plan: BatchPlan, artifacts: list[str]) -> Any:
+    def _abandon(self) -> None:
+        """Close the client of a server that stopped answering, without asking the server
+        anything: its gRPC channels first (every call on them ends at once, the job's and
+        PySpark's pending release calls, which would retry an unreachable server for minutes or
+        wait on a frozen one for ever, keeping this process from exiting), then the session,
+        not released (in a daemon thread, waited for 5 s at most), so this process may start new
+        sessions."""
+        self._abandoned = True  # the job's thread, if it goes on, makes no new session
+        for channel in self._channels:
+            try:
+                channel.close()
+            except Exception as err:  # noqa: BLE001 - closing is best effort
+                log.debug("closing a gRPC channel of an abandoned Spark Connect session: %s", err)
+        spark = self._spark
+        if spark is not None:
+            spark.release_session_on_close = False
+            closing = threading.Thread(target=spark.stop, name="spark-connect-close", daemon=True)
+            closing.start()
+            closing.join(5)
+
+    def _connect(self, url: str) -> Any:
+        """The Spark Connect session of ``url`` (as ``SparkSession.builder.remote(url).getOrCreate()``),
+        made through a channel builder that keeps the gRPC channels it makes (PySpark's hook for
+        customising them, ``SparkSession.builder.channelBuilder``), for :meth:`_abandon`."""
+        from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+        if self._abandoned:
+            raise RuntimeError("this run gave its Spark Connect server up")
+        channels = self._channels
+
+        class KeepingChannelBuilder(type(_channel_builder(url))):  # type: ignore[misc]
+            def toChannel(self) -> Any:  # noqa: N802 - PySpark's name
+                channel = super().toChannel()
+                channels.append(channel)
+                return channel
+
+        # What pyspark.sql.SparkSession.builder.remote(...).getOrCreate() sets before it makes a
+        # Connect session: PySpark's functions then build Connect columns (restored after the run).
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+        self._spark = RemoteSparkSession.builder.channelBuilder(KeepingChannelBuilder(url)).getOrCreate()
+        return self._spark
+
+    def _session(self, url: str, plan: BatchPlan, artifacts: list[str]) -> Any:
         if self.settings.reuse_connect_session:
             digest = artifacts_digest(artifacts)
             session_id = connect_session_id(self._secret, self.session_scope, plan.stream_name, plan.consumer_name, digest)
             spark = None
             try:
-                spark = session_cls.builder.remote(with_session_id(url, session_id)).getOrCreate()
+                spark = self._connect(with_session_id(url, session_id))
                 spark.release_session_on_close = False
                 if spark.conf.get(ARTIFACTS_CONF, None) != digest:  # not uploaded to this session yet
                     for artifact in artifacts:
@@ -861,10 +998,64 @@ class SparkConnectJob:
                     spark.release_session_on_close = False
                     spark.stop()
         # A new session: a random id no other client can guess, released at the end of the run.
-        spark = session_cls.builder.remote(with_session_id(url, str(uuid.uuid4()))).getOrCreate()
+        spark = self._connect(with_session_id(url, str(uuid.uuid4())))
         for artifact in artifacts:
             spark.addArtifacts(artifact, pyfile=True)
         return spark
+
+
+class _ServerUnresponsive(Exception):
+    """The Spark Connect server answered nothing for ``silent`` seconds (:func:`_while_server_answers`)."""
+
+    def __init__(self, silent: float) -> None:
+        super().__init__(f"no answer for {silent:.0f} s")
+        self.silent = silent
+
+
+def _while_server_answers(work: Callable[[], Any], url: str, timeout: float, *, what: str) -> Any:
+    """``work()`` in a thread, while this one checks that the Spark Connect server of ``url``
+    answers (:func:`server_answers`); returns its result or raises its exception.
+
+    A check every :data:`SERVER_CHECK_INTERVAL` seconds (or a third of ``timeout``), each
+    waiting as long at most. The first check without an answer logs a WARNING, an answer again
+    an INFO line. When no check was answered for ``timeout`` seconds, :class:`_ServerUnresponsive`
+    is raised and the thread is left behind (a daemon: PySpark's client may retry for minutes;
+    closing the client ends its calls).
+    """
+    interval = min(SERVER_CHECK_INTERVAL, timeout / 3)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = work()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=target, name="spark-connect-job", daemon=True)
+    thread.start()
+    endpoint = f"sc://{_channel_builder(url).endpoint}"
+    answered = time.monotonic()
+    silent_since: float | None = None
+    while True:
+        thread.join(interval)
+        if not thread.is_alive():
+            break
+        if server_answers(url, interval):
+            if silent_since is not None:
+                log.info("The Spark Connect server %s answers again", endpoint)
+                silent_since = None
+            answered = time.monotonic()
+            continue
+        silent = time.monotonic() - answered
+        if silent >= timeout:
+            raise _ServerUnresponsive(silent)
+        if silent_since is None:
+            silent_since = answered
+            log.warning("The Spark Connect server %s has not answered for %.0f s while it runs %s; it is given up "
+                        "after %g s without an answer (unresponsive_timeout)", endpoint, silent, what, timeout)  # fmt: skip
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")
 
 
 class SparkJob:

@@ -254,3 +254,93 @@ def test_credentials_are_not_sent_to_a_plaintext_remote_connect_server(monkeypat
             task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
             output_path=str(tmp_path / "out"), spark_conn_id="spark_remote", min_call_interval=0.0,
         ).execute({})  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_connect_server_that_stops_answering_mid_job_fails_the_task_within_its_deadline(
+    how, monkeypatch, moto_endpoint, kinesis, dynamodb, unique_name, tmp_path, caplog
+):
+    """A Spark Connect server killed (``kill -9``) or frozen (``SIGSTOP``) while its job reads:
+    PySpark's client retries an unreachable server for about 10 minutes and waits on a frozen one
+    for ever, while the task renews the batch's lease. With the connection's
+    ``unresponsive_timeout`` the task fails within that many seconds (and one check) of the last
+    answer, with an ERROR line naming the server (host:port), and the lease is released: another
+    run takes the batch over at once.
+
+    The job is caught mid-read: a proxy in front of moto holds the server's first ``GetRecords``
+    (armed when the job starts, after the worker's probes) and the server is stopped then."""
+    import logging
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    from airflow_kinesis_spark.hooks import spark as runners
+    from demo.stack import spark_connect_server
+    from tests.reliability.fault_proxy import FaultProxy
+
+    deadline = 12.0
+    caplog.set_level(logging.INFO, logger="airflow_kinesis_spark")
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [(f"k{i}", f"v{i}".encode()) for i in range(10)])
+    proxy = FaultProxy(moto_endpoint).start()
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
+        "conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY,
+        "extra": {"region_name": REGION, "endpoint_url": proxy.endpoint}}))  # fmt: skip
+    load = runners._load_job_module
+
+    def arming_load():  # the server's first GetRecords is held once the job runs
+        job = load()
+        run = job.run
+
+        def armed(*args, **kwargs):
+            proxy.hold = ("GetRecords", "", "before")
+            return run(*args, **kwargs)
+
+        job.run = armed
+        return job
+
+    monkeypatch.setattr(runners, "_load_job_module", arming_load)
+    with spark_connect_server(cores=1) as (host, port):
+        (pid,) = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DOWN", json.dumps(
+            {"conn_type": "spark_connect", "host": host, "port": port, "extra": {"unresponsive_timeout": deadline}}))  # fmt: skip
+        outcome: dict[str, object] = {}
+
+        def task() -> None:
+            try:
+                outcome["summary"] = KinesisToSparkOperator(
+                    task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+                    output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_down", min_call_interval=0.0,
+                ).execute({})  # fmt: skip
+            except BaseException as err:  # noqa: BLE001 - the outcome is asserted below
+                outcome["error"] = err
+
+        running = threading.Thread(target=task, daemon=True)
+        running.start()
+        try:
+            assert proxy.held.wait(240), f"the job never read through the proxy: {outcome}"
+            os.kill(pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            running.join(deadline + 45)
+            waited = time.monotonic() - stopped_at
+            assert not running.is_alive(), f"the task still runs {waited:.0f} s after its Connect server was {how}"
+        finally:
+            os.kill(pid, signal.SIGKILL)  # a stopped JVM would not act on the server's SIGTERM
+            proxy.stop()
+            for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):  # in case the task did not restore them
+                os.environ.pop(key, None)
+    # within the deadline from the last answer, plus one check (at most 5 s apart, 5 s each) and the release
+    assert waited < deadline + 15, waited
+    error = outcome.get("error")
+    assert isinstance(error, TimeoutError), outcome
+    assert f"sc://{host}:{port}" in str(error) and "unresponsive_timeout" in str(error)
+    given_up = [r for r in caplog.records if r.name == "airflow_kinesis_spark.hooks.spark" and r.levelno == logging.ERROR]
+    assert len(given_up) == 1 and f"sc://{host}:{port}" in given_up[0].getMessage(), [r.getMessage() for r in given_up]
+    assert f"{deadline:g} s" in given_up[0].getMessage()
+    # the lease was released when the job was given up: another run takes the batch over at once
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    head = store.head()
+    assert head.pending_batch_id == 1 and head.pending_heartbeat == 0 and head.committed_batch_id == 0, head
+    assert store.take_over(1, "retry-run", 60.0).pending_owner == "retry-run"

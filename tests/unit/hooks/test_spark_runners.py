@@ -9,7 +9,14 @@ import uuid
 import pytest
 
 from airflow_kinesis_spark.hooks.kinesis import job_session_policy
-from airflow_kinesis_spark.hooks.spark import check_connect_transport, connect_session_id, session_secret, worker_secret_path
+from airflow_kinesis_spark.hooks.spark import (
+    DEFAULT_UNRESPONSIVE_TIMEOUT,
+    check_connect_transport,
+    connect_session_id,
+    session_secret,
+    unresponsive_timeout,
+    worker_secret_path,
+)
 
 
 def test_a_session_id_cannot_be_derived_without_the_secret():
@@ -74,3 +81,11 @@ def test_a_job_that_takes_its_batch_from_the_store_may_touch_its_consumers_items
     assert table["Resource"] == ["arn:aws:dynamodb:eu-west-1:*:table/ckpt"]
     assert table["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["orders|etl"]}}
     assert "dynamodb:DeleteItem" not in json.dumps(policy) and "dynamodb:Scan" not in json.dumps(policy)
+
+
+def test_the_connect_servers_unresponsive_timeout_is_a_number_of_seconds():
+    assert unresponsive_timeout({}, "c") == DEFAULT_UNRESPONSIVE_TIMEOUT == 60.0
+    assert unresponsive_timeout({"unresponsive_timeout": 12}, "c") == unresponsive_timeout({"unresponsive_timeout": "12"}, "c") == 12.0
+    for bad in (0, -5, "soon", True, float("inf"), float("nan"), [30]):
+        with pytest.raises(ValueError, match=r"spark_connect connection 'c': extra 'unresponsive_timeout' must be a number of seconds > 0"):
+            unresponsive_timeout({"unresponsive_timeout": bad}, "c")
