@@ -24,6 +24,8 @@ __all__ = [
     "OutputOwnedError",
     "OutputAheadError",
     "WindowAheadError",
+    "PlanBindingError",
+    "CheckpointStoreCorruptError",
 ]
 
 
@@ -152,3 +154,35 @@ class WindowAheadError(TableCommitError):
     rows would be added again by a later incremental batch. Found before anything is read.
     Fields: ``window_end``, ``committed_until`` (the earliest time every shard of the window is
     committed up to, ``None`` when unknown), ``shards`` (shard id -> its committed position)."""
+
+
+class PlanBindingError(KinesisSparkError):
+    """A job found a stored plan that is not the one the worker checked (BOUND): another digest,
+    stream, consumer, batch or output location. Nothing is read or written; a retry of the same
+    job cannot help. Fields: ``batch_id``, ``problems`` (one line each)."""
+
+
+class CheckpointStoreCorruptError(KinesisSparkError):
+    """An item of the checkpoint table is not what the provider writes there: an attribute missing
+    or of another DynamoDB type, a number that is not a whole number in range, a chunk missing or
+    not JSON, a plan, report or checkpoint that does not parse. The table is state anyone with
+    write access can change, so nothing is read past such an item: no checkpoint moves, no batch is
+    begun, committed or discarded from it. A retry cannot help.
+
+    Fields: ``table_name``, ``pk`` and ``sk`` (the item's key), ``field`` (a path into the item:
+    ``committed_batch_id``, ``body``, ``ranges[2].start_checkpoint.type``), ``problem``.
+    """
+
+    @classmethod
+    def for_item(
+        cls, table_name: str | None, pk: str, sk: str, field: str, problem: str, *, what: str, fix: str
+    ) -> CheckpointStoreCorruptError:
+        """The error for ``field`` of item (``pk``, ``sk``), which holds ``what`` (e.g. "the plan of
+        pending batch 7"); ``fix`` (a sentence without its full stop) says how to mend it."""
+        table = repr(table_name) if table_name else "(unnamed)"
+        return cls(
+            f"Checkpoint table {table}: item pk {pk!r}, sk {sk!r} ({what}) is corrupt: field {field!r}: {problem}. "
+            f"Nothing was planned, committed or discarded from it. To fix it, {fix}. Whoever may write the table's "
+            "items can plant such an item: check who can (docs/security.md, 'Who can write the checkpoint table').",
+            table_name=table_name, pk=pk, sk=sk, field=field, problem=problem,
+        )  # fmt: skip

@@ -48,6 +48,8 @@ __all__ = [
     "run_handed_window",
     "handed_batch_state",
     "job_arguments_from",
+    "check_bound_plan",
+    "bound_output_location",
     "STAGING_DIR",
 ]
 
@@ -72,6 +74,10 @@ class JobArguments:
         or the cluster's).
     :param window: a window run's label (``core.window.window_label``; ``batch_id`` 0): the plan
         and the report are the window's items in the store (``write_window``), not a batch's.
+    :param plan_digest: :meth:`BatchPlan.digest` of the plan the worker checked; the job refuses
+        a stored plan with another digest (:func:`check_bound_plan`).
+    :param output_root: the task's output root: the job derives the batch's output location
+        from it and the plan, and refuses a stored plan that names another.
     """
 
     checkpoint_table: str
@@ -83,6 +89,8 @@ class JobArguments:
     records_expected: bool = False
     region_name: str | None = None
     window: str | None = None
+    plan_digest: str | None = None
+    output_root: str | None = None
 
     def __post_init__(self) -> None:
         validate_table_name(self.checkpoint_table)
@@ -111,6 +119,10 @@ class JobArguments:
             args += ["--region", self.region_name]
         if self.window:
             args += ["--window", self.window]
+        if self.plan_digest:
+            args += ["--plan-digest", self.plan_digest]
+        if self.output_root:
+            args += ["--output-root", self.output_root]
         return args
 
     @staticmethod
@@ -127,6 +139,8 @@ class JobArguments:
                                  "for platforms that pass arguments as name/value pairs)")  # fmt: skip
         parser.add_argument("--region", default=None, help="the checkpoint table's AWS region (default: the environment's)")
         parser.add_argument("--window", default=None, help="a window run's label: its plan and report are the window's")
+        parser.add_argument("--plan-digest", default=None, help="SHA-256 of the plan the worker checked (the job refuses another)")
+        parser.add_argument("--output-root", default=None, help="the task's output root (the job derives the output location)")
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> JobArguments:
@@ -137,7 +151,8 @@ class JobArguments:
         return cls(
             checkpoint_table=ns.checkpoint_table, stream_name=ns.stream, consumer_name=ns.consumer, batch_id=ns.batch_id,
             lease_owner=ns.lease_owner, lease_seconds=ns.lease_seconds, records_expected=ns.records_expected,
-            region_name=ns.region, window=ns.window,
+            region_name=ns.region, window=ns.window, plan_digest=getattr(ns, "plan_digest", None),
+            output_root=getattr(ns, "output_root", None),
         )  # fmt: skip
 
 
@@ -164,6 +179,56 @@ def staging_location(output_location: str, writer: str) -> str:
     parent, _, name = output_location.rstrip("/").rpartition("/")
     digest = hashlib.sha256(writer.encode()).hexdigest()[:16]
     return f"{parent}/{STAGING_DIR}/{name}-{digest}"
+
+
+def check_bound_plan(plan: BatchPlan, args: JobArguments, expected_location: str | None) -> None:
+    """Refuse a stored plan that is not the one the worker checked (BOUND): its digest, stream,
+    consumer and batch id must be the job arguments', and its output location the one derived
+    from the task's output root (``expected_location``; ``None``: not derivable here, the digest
+    covers it).
+
+    :raises PlanBindingError: naming what differs; nothing is read or written.
+    """
+    from airflow_kinesis_spark.core.names import stream_name_of
+    from airflow_kinesis_spark.exceptions import PlanBindingError
+
+    problems = []
+    if not args.plan_digest:
+        problems.append("the job's arguments carry no plan digest (--plan-digest): they were not made by this "
+                        "version's plan task or operator")  # fmt: skip
+    elif plan.digest() != args.plan_digest:
+        problems.append(f"the stored plan's digest is {plan.digest()[:16]}…, the worker checked {args.plan_digest[:16]}…")
+    if stream_name_of(plan.stream_name) != stream_name_of(args.stream_name) or plan.consumer_name != args.consumer_name:
+        problems.append(f"the stored plan is of stream {plan.stream_name!r}, consumer {plan.consumer_name!r}")
+    if not args.window and plan.batch_id != args.batch_id:
+        problems.append(f"the stored plan is of batch {plan.batch_id}")
+    if expected_location is not None and plan.output_location != expected_location:
+        problems.append(f"the stored plan writes to {plan.output_location!r}, not {expected_location!r} under the task's "
+                        "output root")  # fmt: skip
+    if problems:
+        what = f"window {args.window}" if args.window else f"batch {args.batch_id}"
+        raise PlanBindingError(
+            f"The plan of {what} of stream {args.stream_name!r}, consumer {args.consumer_name!r} stored in checkpoint table "
+            f"{args.checkpoint_table!r} is not the plan the worker checked: {'; '.join(problems)}. Nothing was read or "
+            "written. Someone changed the checkpoint table after the check, or these job arguments belong to another run: "
+            "check who can write the table (docs/security.md), then re-run the plan task (or the operator).",
+            batch_id=args.batch_id, problems=problems,
+        )  # fmt: skip
+
+
+def bound_output_location(plan: BatchPlan, args: JobArguments) -> str | None:
+    """The output location the job derives for ``plan`` from the task's output root (the
+    protocol's rule, ``core.protocol.planned_output_location``); ``None`` without a root."""
+    if not args.output_root:
+        return None
+    from airflow_kinesis_spark.core.protocol import batch_output_location, plan_id, window_output_location
+
+    if args.window:
+        assert plan.window_start is not None
+        base = window_output_location(args.output_root, plan.window_start, plan.cutoff)
+        return plan.output_location if plan.output_location.startswith(base + "/run=") else base
+    table = (plan.output or {}).get("format", "parquet") != "parquet"
+    return batch_output_location(args.output_root, plan.batch_id, plan_id(plan) if table else None)
 
 
 def run_handed_batch(
@@ -217,6 +282,11 @@ def run_handed_batch(
     plan = store.pending_plan(head)
     if plan is None:
         raise CheckpointConflictError(f"pending batch {args.batch_id} has no stored plan", batch_id=args.batch_id)
+    try:
+        check_bound_plan(plan, args, bound_output_location(plan, args))
+    except Exception:
+        store.release(args.batch_id, writer)
+        raise
     log.info("batch %d claimed by %s: %d shard ranges, output %s", plan.batch_id, writer, len(plan.ranges), plan.output_location)
     with store.hold_lease(plan.batch_id, writer, args.lease_seconds, on_lost=lambda err: cancel()):
         result, reports = _write_and_publish(
@@ -286,6 +356,7 @@ def run_handed_window(
             "these job arguments belong to another run, or its items expired. Nothing was read or written."
         )
     plan = BatchPlan.from_dict(data)
+    check_bound_plan(plan, args, bound_output_location(plan, args))
     result, reports = _write_and_publish(plan, writer, write, publish, discard, check=lambda r: validate_window_report(plan, r))
     store.write_window(args.window, "REPORT", args.lease_owner, [r.to_dict() for r in reports])
     log.info("window %s: %d records written to %s; report stored", args.window, result["records"], plan.output_location)

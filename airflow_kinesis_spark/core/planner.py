@@ -96,6 +96,15 @@ class BatchPlan:
     def shard_ids(self) -> list[str]:
         return [r.shard_id for r in self.ranges]
 
+    def digest(self) -> str:
+        """SHA-256 (hex) of the plan's canonical form (its :meth:`to_dict` as JSON, keys sorted):
+        what a job checks the stored plan against (``core.job``, BOUND). A plan read back from
+        the store has the digest of the plan that was stored."""
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "batch_id": self.batch_id,

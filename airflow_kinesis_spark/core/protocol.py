@@ -354,7 +354,8 @@ def run_incremental(
             # outlast the lease); the driver holds it from then on.
             with store.hold_hand_off(plan.batch_id, owner, settings.lease_seconds):
                 job.run_handed(arguments, output_location=plan.output_location)  # type: ignore[union-attr]
-            return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused, sink=settings.sink)
+            return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused, sink=settings.sink,
+                                 plan_digest=plan.digest())  # fmt: skip
         return _run_job_and_commit(
             store, job, plan, owner, settings.lease_seconds, records_expected=prepared.records_expected,  # type: ignore[arg-type]
             reused=prepared.reused, sink=settings.sink,
@@ -392,14 +393,17 @@ class PreparedBatch:
     plan: BatchPlan | None = None
     records_expected: bool = False
     reused: bool = False
+    output_root: str | None = None
 
     def job_arguments(self, store: Any, owner: str, lease_seconds: float) -> JobArguments:
-        """The job's arguments for the pending batch (``core.job``)."""
+        """The job's arguments for the pending batch (``core.job``): what this run decided, with
+        the checked plan's digest and the task's output root, so the job acts on that plan only."""
         assert self.plan is not None, "no pending batch: the run finished without a job"
         return JobArguments(
             checkpoint_table=store.table_name, stream_name=self.plan.stream_name, consumer_name=self.plan.consumer_name,
             batch_id=self.plan.batch_id, lease_owner=owner, lease_seconds=lease_seconds,
             records_expected=self.records_expected, region_name=getattr(getattr(store.client, "meta", None), "region_name", None),
+            plan_digest=self.plan.digest(), output_root=self.output_root,
         )  # fmt: skip
 
 
@@ -445,7 +449,7 @@ def prepare_incremental(
             with _released_on_error(store, plan.batch_id, owner):
                 checkpoints = validate_report(plan, reports)
                 return PreparedBatch(summary=_commit(store, plan, reports, checkpoints, owner, reused=True, sink=settings.sink))
-        return PreparedBatch(plan=plan, records_expected=False, reused=True)
+        return PreparedBatch(plan=plan, records_expected=False, reused=True, output_root=settings.output_root)
 
     plan = plan_batch(kinesis, store, settings, head.committed_batch_id + 1, now, head=head)
     if not plan.ranges:
@@ -458,11 +462,12 @@ def prepare_incremental(
         return PreparedBatch(summary=_commit_without_records(kinesis, store, plan, probes, owner, settings))
     plan = _for_job(kinesis, plan, settings)
     store.begin(plan, owner)
-    return PreparedBatch(plan=plan, records_expected=any(r.records for r in probes), reused=False)
+    return PreparedBatch(plan=plan, records_expected=any(r.records for r in probes), reused=False, output_root=settings.output_root)
 
 
 def commit_handed(
-    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Sink | None = None
+    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Sink | None = None,
+    plan_digest: str | None = None,
 ) -> dict[str, Any]:
     """Commit pending batch ``batch_id`` from the report its job recorded: the commit task.
 
@@ -472,6 +477,8 @@ def commit_handed(
 
     :param lease_owner: the writer id the batch was handed to its job by (the plan task's, or the operator's).
     :param sink: the output form: its table commit comes before the checkpoint commit.
+    :param plan_digest: the digest of the plan the planning run checked (``BatchPlan.digest``):
+        a stored plan with another is refused (``PlanBindingError``), nothing committed.
     :returns: the batch summary (:func:`incremental_summary`).
     :raises ReportNotRecordedError: no report recorded yet (the job runs, or ended without one);
         nothing committed. Retryable.
@@ -513,6 +520,16 @@ def commit_handed(
     reports = store.pending_report(head)
     if plan is None or reports is None:
         raise ReportNotRecordedError(f"Batch {batch_id}: its plan or report went missing while it was claimed", batch_id=batch_id)
+    if plan_digest is not None and plan.digest() != plan_digest:
+        from airflow_kinesis_spark.exceptions import PlanBindingError
+
+        raise PlanBindingError(
+            f"The stored plan of batch {batch_id} of stream {store.stream_name!r}, consumer {store.consumer_name!r} in "
+            f"checkpoint table {store.table_name!r} is not the plan the planning run checked (digest {plan.digest()[:16]}…, "
+            f"expected {plan_digest[:16]}…): someone changed the checkpoint table. Nothing was committed. Check who can "
+            "write the table (docs/security.md), then discard the pending batch (kinesis-spark discard-pending).",
+            batch_id=batch_id, problems=["digest"],
+        )  # fmt: skip
     return _commit(store, plan, reports, validate_report(plan, reports), writer, reused=reused, sink=sink)
 
 
@@ -815,6 +832,7 @@ def _commit(
     store.commit(plan, checkpoints, owner)
     if sink is not None:
         sink.after_checkpoint_commit(plan, reports)
+        sink.sweep_staging(plan)
     summary = incremental_summary(plan, reports, checkpoints, "committed", reused=reused, sink=sink, table=table)
     log_outcome(plan, reports, summary)
     return summary
@@ -1034,7 +1052,8 @@ def run_window(
     found = any(r.records or r.quarantined for r in probes)  # else every range was probed: the probes are the reports
     plan = _for_job(kinesis, plan, settings) if found else plan
     if found and store is not None and hands_off(job):
-        reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes))  # type: ignore[arg-type]
+        reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes),  # type: ignore[arg-type]
+                                     settings.output_root)
     elif found:
         reports = job.run(plan, records_expected=any(r.records for r in probes))  # type: ignore[union-attr]
     else:
@@ -1124,7 +1143,9 @@ def check_window_position(plan: BatchPlan, settings: WindowSettings, store: Any)
     )  # fmt: skip
 
 
-def _run_handed_window(store: Any, job: HandedBatchJob, plan: BatchPlan, owner: str, records_expected: bool) -> list[ShardReport]:
+def _run_handed_window(
+    store: Any, job: HandedBatchJob, plan: BatchPlan, owner: str, records_expected: bool, output_root: str
+) -> list[ShardReport]:
     """Hand a window's plan to its job through the store and read its report back from there."""
     label = window_label(plan.window_start, plan.cutoff)  # type: ignore[arg-type]
     store.write_window(label, "PLAN", owner, plan.to_dict())
@@ -1132,6 +1153,7 @@ def _run_handed_window(store: Any, job: HandedBatchJob, plan: BatchPlan, owner: 
         checkpoint_table=store.table_name, stream_name=plan.stream_name, consumer_name=plan.consumer_name, batch_id=0,
         lease_owner=owner, lease_seconds=DEFAULT_LEASE_SECONDS, records_expected=records_expected,
         region_name=getattr(getattr(store.client, "meta", None), "region_name", None), window=label,
+        plan_digest=plan.digest(), output_root=output_root,
     )  # fmt: skip
     job.run_handed(arguments, output_location=plan.output_location)
     data = store.read_window(label, "REPORT", owner)

@@ -11,6 +11,7 @@ from airflow_kinesis_spark.core.job import handed_batch_state
 from airflow_kinesis_spark.core.protocol import commit_handed
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
+    PlanBindingError,
     ReportNotRecordedError,
     ReportValidationError,
     TableCommitError,
@@ -22,18 +23,21 @@ AFTER = "Nothing was committed; the plan stays pending and the next attempt re-u
 
 
 def commit_or_raise(
-    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Any = None
+    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Any = None,
+    plan_digest: str | None = None,
 ) -> dict[str, Any]:
     """:func:`~airflow_kinesis_spark.core.protocol.commit_handed`, its errors as Airflow's.
 
-    :raises AirflowFailException: (no retry) another run took the batch over or moved on, or the
-        recorded report does not match the plan.
+    :param plan_digest: the digest of the plan the planning run checked (refused if the stored
+        plan has another: ``PlanBindingError``).
+    :raises AirflowFailException: (no retry) another run took the batch over or moved on, the
+        recorded report does not match the plan, or the stored plan is not the checked one.
     :raises ReportNotRecordedError: (retryable) no report recorded yet.
     :raises BatchLeaseHeldError: (retryable) a driver of the batch still holds its lease.
     """
     try:
-        return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused, sink=sink)
-    except (CheckpointConflictError, ReportValidationError, TableCommitError) as err:
+        return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused, sink=sink, plan_digest=plan_digest)
+    except (CheckpointConflictError, ReportValidationError, TableCommitError, PlanBindingError) as err:
         raise AirflowFailException(str(err)) from err
 
 
@@ -56,7 +60,8 @@ def handed_event(
 
 
 def commit_event(
-    store: Any, event: dict[str, Any], lease_seconds: float, *, reused: bool = False, sink: Any = None
+    store: Any, event: dict[str, Any], lease_seconds: float, *, reused: bool = False, sink: Any = None,
+    plan_digest: str | None = None,
 ) -> dict[str, Any]:
     """Commit after :class:`~airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger` fired.
 
@@ -68,7 +73,8 @@ def commit_event(
     """
     status = event.get("status")
     if status in ("reported", "committed"):
-        return commit_or_raise(store, int(event["batch_id"]), event["lease_owner"], lease_seconds, reused=reused, sink=sink)
+        return commit_or_raise(store, int(event["batch_id"]), event["lease_owner"], lease_seconds, reused=reused, sink=sink,
+                               plan_digest=plan_digest)  # fmt: skip
     message = event.get("message") or status
     if status in ("taken_over", "not_pending"):
         raise AirflowFailException(f"{message}: another run of this consumer moved on. This run's output is not committed.")

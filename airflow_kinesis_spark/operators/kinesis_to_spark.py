@@ -31,11 +31,12 @@ from airflow_kinesis_spark.core.protocol import (
 )
 from airflow_kinesis_spark.core.reader import READ_BYTES_PER_SECOND, ReadOptions
 from airflow_kinesis_spark.core.store import DEFAULT_KEEP_BATCHES
-from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
+from airflow_kinesis_spark.core.transform import check_transform_spec, parse_allowed_modules, resolve_transform
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
     DataLossError,
     PendingPlanMismatchError,
+    PlanBindingError,
     ReportValidationError,
     TableCommitError,
 )
@@ -46,7 +47,41 @@ from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 from airflow_kinesis_spark.hooks.spark import SparkJob, SparkJobSettings, spark_script_path, validate_job_credentials
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
 
-__all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
+__all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path", "transform_allowed_modules"]
+
+
+def transform_allowed_modules() -> tuple[str, ...]:
+    """The provider's ``[kinesis_spark] transform_allowed_modules`` option: the module prefixes a
+    transform may come from (``()``: not set, any module outside Python's standard library).
+
+    :raises ValueError: an entry is not a module name, or is in the standard library.
+    """
+    return parse_allowed_modules(conf.get("kinesis_spark", "transform_allowed_modules", fallback="") or "")
+
+
+def _declared_transforms(task: BaseOperator) -> list[Any] | None:
+    """The transforms the DAG file gives ``task``, read from the DAG's own task object (which
+    rendering never touches): its ``transform`` argument; for a mapped task, its ``partial``
+    value and the literal values of ``expand`` / ``expand_kwargs`` (values of an XComArg are
+    run-time input, so they are not among them). ``None`` when ``task`` is not in a DAG or is the
+    DAG's object itself (an operator executed directly).
+    """
+    if not task.has_dag():
+        return None
+    declared = task.dag.task_dict.get(task.task_id)
+    if declared is None or declared is task:
+        return None
+    expand_input = getattr(declared, "expand_input", None)
+    if expand_input is None:  # a plain task: the DAG's copy holds the value its constructor got
+        return [getattr(declared, "transform", None)]
+    partial = getattr(declared, "partial_kwargs", {})
+    literal = [partial["transform"]] if "transform" in partial else []
+    value = getattr(expand_input, "value", None)
+    if isinstance(value, dict) and isinstance(value.get("transform"), (list, tuple)):  # expand(transform=[...])
+        literal += list(value["transform"])
+    elif isinstance(value, (list, tuple)):  # expand_kwargs([{...}, ...])
+        literal += [item["transform"] for item in value if isinstance(item, dict) and "transform" in item]
+    return literal
 
 
 def _check_local_output(path: str) -> None:
@@ -104,7 +139,13 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         version per batch, recording stream, consumer and batch id) before the checkpoints
         advance; a re-run of a batch already in the table adds nothing.
     :param transform: optional ``package.module:function`` taking and returning a pyspark
-        DataFrame, applied before the write (templated).
+        DataFrame, applied before the write. **Not templated**: it is code the job runs, so it is
+        written in the DAG file, never taken from run-time input (``dag_run.conf``, ``params``, an
+        XCom). A value the task did not get from its DAG file (a template, an XComArg, a mapped
+        task expanded over run-time values) is refused with ``ValueError``. Its module may not be
+        in Python's standard library and, when the provider's ``[kinesis_spark]
+        transform_allowed_modules`` option lists module prefixes, must be under one of them
+        (checked before anything is imported).
     :param cutoff: records arriving at or after this time are left for the next batch (ISO 8601 or
         datetime, UTC). Default: the run's ``data_interval_end``; ``now`` for manual runs. Never
         later than the planning time (templated).
@@ -211,7 +252,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         "consumer_name",
         "checkpoint_table",
         "output_path",
-        "transform",
+        # not "transform": code the job runs comes from the DAG file, never from run-time input
         "cutoff",
         "initial_position",
         "initial_timestamp",
@@ -348,11 +389,35 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
                 except (TypeError, ValueError) as err:
                     raise ValueError(f"{name}: {err}") from err
         if self.transform:
-            check_transform_spec(self.transform)
-            if not self.spark_py_files:
-                # Shipped with spark_py_files, the module need not import here; the job checks it
-                # before reading anything.
-                resolve_transform(self.transform)
+            self._check_transform()
+
+    def _check_transform(self) -> None:
+        """The transform is the one the DAG file gives this task, and it may be imported: its
+        module is allowed (:func:`transform_allowed_modules`). Without ``spark_py_files`` it is
+        imported here too (after that check); with them the module need not import here, and the
+        job checks it before reading anything.
+
+        :raises ValueError: a template or a run-time value (naming why it is refused), or a spec
+            that is malformed, refused, or (imported here) does not import.
+        """
+        spec = self.transform
+        if not isinstance(spec, str):
+            raise ValueError(f"transform must be a 'package.module:function' string written in the DAG file; got a "
+                             f"{type(spec).__name__}: the code a job runs is never taken from run-time input (an XCom)")  # fmt: skip
+        if "{{" in spec or "{%" in spec:
+            raise ValueError(f"transform {spec!r} is a template, but transform is not templated: the code a job runs "
+                             "comes from the DAG file, never from run-time input (dag_run.conf, params). Write the "
+                             "'package.module:function' itself in the DAG file")  # fmt: skip
+        declared = _declared_transforms(self)
+        if declared is not None and spec not in declared:
+            raise ValueError(f"transform {spec!r} of task {self.task_id!r} is not one its DAG file gives it "
+                             f"({', '.join(map(repr, declared)) or 'none'}): it was set at run time (a subclass that "
+                             "templates transform, or a mapped task expanded over an XCom). The code a job runs comes "
+                             "from the DAG file only")  # fmt: skip
+        allowed = transform_allowed_modules()
+        check_transform_spec(spec, allowed)
+        if not self.spark_py_files:
+            resolve_transform(spec, allowed)
 
     # -- the batch -----------------------------------------------------------------------------
 
@@ -360,7 +425,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         self.validate()
         try:
             summary = self._run_batch(context)
-        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError, TableCommitError) as err:
+        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError, TableCommitError,
+                PlanBindingError) as err:  # fmt: skip
             # A retry cannot help: another writer won, the job disagrees with its plan, records
             # would be lost, or the batch's files do not fit the table. Fail without retries; nothing was committed.
             raise AirflowFailException(str(err)) from err
@@ -403,7 +469,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
                 region_name=self.region_name,
             ),
             method_name="execute_complete",
-            kwargs={"reused": prepared.reused},
+            kwargs={"reused": prepared.reused, "plan_digest": plan.digest()},
         )  # fmt: skip
         raise AssertionError("unreachable: defer() raises")  # pragma: no cover
 
@@ -426,7 +492,9 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
             return False
         return True
 
-    def execute_complete(self, context: Context, event: dict[str, Any], reused: bool = False) -> dict[str, Any]:
+    def execute_complete(
+        self, context: Context, event: dict[str, Any], reused: bool = False, plan_digest: str | None = None
+    ) -> dict[str, Any]:
         """Resume after :class:`KinesisBatchReportTrigger` fired: commit the handed batch (same
         summary, XCom and asset event as the blocking path).
 
@@ -435,7 +503,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         :raises AirflowException: the job ended without a report (retryable: the plan stays pending).
         """
         self.validate()
-        summary = commit_event(self._store(), event, self.lease_seconds, reused=reused, sink=self.sink)
+        summary = commit_event(self._store(), event, self.lease_seconds, reused=reused, sink=self.sink, plan_digest=plan_digest)
         self._publish(context, summary)
         return summary
 

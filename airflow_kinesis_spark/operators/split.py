@@ -6,7 +6,8 @@
 
 * :class:`KinesisPlanBatchOperator` plans the batch (or re-uses the pending one), persists it in
   the checkpoint store and pushes the job's arguments (XCom key ``job_arguments``: a list of
-  strings, ``core.job.JobArguments`` plus the reader options and the transform). Nothing to
+  strings, ``core.job.JobArguments`` plus the reader options, the transform from the DAG file and
+  the provider's ``transform_allowed_modules``). Nothing to
   read: the job task is skipped and the commit task returns the plan task's summary.
 * The job task runs ``kinesis_batch.py`` (``kinesis-spark package`` writes it and the package
   zip to upload) with those arguments: ``SparkSubmitOperator``, ``EmrServerlessStartJobOperator``,
@@ -39,12 +40,14 @@ from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
     DataLossError,
     PendingPlanMismatchError,
+    PlanBindingError,
     ReportValidationError,
+    TableCommitError,
 )
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
 from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise, handed_event
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, transform_allowed_modules
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 
@@ -100,7 +103,8 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
         owner = self._owner(context)
         try:
             prepared = prepare_incremental(self.kinesis_hook.conn, store, self._settings(context), owner)
-        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError) as err:
+        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError, TableCommitError,
+                PlanBindingError) as err:  # fmt: skip
             raise AirflowFailException(str(err)) from err
         ti = context.get("ti")
         if prepared.summary is not None:
@@ -121,12 +125,14 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
         arguments = [*prepared.job_arguments(store, owner, self.lease_seconds).to_args(), *self.read_options.job_args(False)]
         if self.transform:
             arguments += ["--transform", self.transform]
+            if allowed := transform_allowed_modules():  # the job checks the module defining the function too
+                arguments += ["--transform-allowed-modules", ",".join(allowed)]
         self.log.info("Batch %d handed over to the job task (lease owner %s): %s", plan.batch_id, owner, " ".join(arguments))
         if ti is not None:
             ti.xcom_push(key=JOB_ARGUMENTS_KEY, value=arguments)
         return {"status": "pending", "batch_id": plan.batch_id, "lease_owner": owner, "lease_seconds": self.lease_seconds,
                 "output_location": plan.output_location, "reused_plan": prepared.reused, JOB_ARGUMENTS_KEY: arguments,
-                "summary": None}  # fmt: skip
+                "plan_digest": plan.digest(), "summary": None}  # fmt: skip
 
     def _skip_job_tasks(self, context: Context) -> None:
         task = context.get("task") or self
@@ -246,14 +252,15 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
                     method_name="execute_complete",
                 )  # fmt: skip
             self.log.info("Not deferring: %s", event["message"])
-            return self._done(context, commit_event(store, event, lease, reused=reused, sink=self._sink()))
-        summary = commit_or_raise(store, batch_id, owner, lease, reused=reused, sink=self._sink())
+            return self._done(context, commit_event(store, event, lease, reused=reused, sink=self._sink(),
+                                                    plan_digest=handoff.get("plan_digest")))  # fmt: skip
+        summary = commit_or_raise(store, batch_id, owner, lease, reused=reused, sink=self._sink(), plan_digest=handoff.get("plan_digest"))
         return self._done(context, summary)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         handoff = self._handoff(context)
         summary = commit_event(self._store(), event, float(handoff["lease_seconds"]), reused=bool(handoff.get("reused_plan")),
-                               sink=self._sink())  # fmt: skip
+                               sink=self._sink(), plan_digest=handoff.get("plan_digest"))  # fmt: skip
         return self._done(context, summary)
 
     def _sink(self) -> Any:
