@@ -48,4 +48,23 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_kinesis_spark.hooks.kinesis", "airflow_kinesis_spark.hooks.dynamodb"],
             }
         ],
+        "config": {
+            "kinesis_spark": {
+                "description": "Settings of the Kinesis to Spark provider, for the Airflow deployment (not the DAGs).\n",
+                "options": {
+                    "transform_allowed_modules": {
+                        "description": "Comma-separated module prefixes a ``transform`` may come from: a module is "
+                        "allowed when it is a listed one or inside it (``my_company`` allows\n"
+                        "``my_company.kinesis``, not ``my_company_other``). Checked on the worker before the "
+                        "module is imported, and again for the module that\ndefines the function. The "
+                        "provider's own ``airflow_kinesis_spark.transforms`` is always allowed; Python's "
+                        "standard library\nnever is. Empty: any module outside the standard library.\n",
+                        "version_added": None,
+                        "type": "string",
+                        "example": "my_company.kinesis_transforms,team_b.transforms",
+                        "default": "",
+                    },
+                },
+            },
+        },
     }
