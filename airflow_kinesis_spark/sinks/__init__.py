@@ -324,6 +324,30 @@ class Sink:
     def after_checkpoint_commit(self, plan: Any, reports: Sequence[Any]) -> None:
         """After the checkpoints advanced (Parquet: write the committed record)."""
 
+    def sweep_staging(self, plan: Any) -> list[str]:
+        """After batch ``plan``'s checkpoint commit: remove the staging folders of this batch and of
+        earlier ones under ``{batch_root}/_staging/`` (killed or superseded drivers'; a committed
+        batch is proof no driver of them can still publish). One listing of ``_staging``; window
+        staging folders and later batches' stay (:func:`~airflow_kinesis_spark.sinks.leftovers.sweep_staging`).
+
+        Best effort: the checkpoints are committed, so a failure is logged, never raised.
+
+        :returns: the removed folders.
+        """
+        import logging
+
+        from airflow_kinesis_spark.sinks.leftovers import sweep_staging
+
+        root = self.batch_root or plan.output_location.rstrip("/").rpartition("/")[0]
+        if getattr(plan, "mode", "incremental") != "incremental" or not root:
+            return []
+        try:
+            return sweep_staging(root, plan.batch_id, self.storage_options)
+        except Exception as err:  # noqa: BLE001 - leftovers only cost storage; `kinesis-spark leftovers` finds them later
+            logging.getLogger(__name__).warning("batch %d: could not remove the staging folders of committed batches under "
+                                                "%s/_staging: %s", plan.batch_id, root, err)  # fmt: skip
+            return []
+
     def repair(self, store: Any, head: Any) -> None:
         """Before a run plans: finish what a crash after the last checkpoint commit left undone."""
 
