@@ -110,14 +110,19 @@ def test_transform_from_dag_run_conf_is_refused(moto_endpoint, kinesis, dynamodb
     )  # fmt: skip
     log = proc.stdout + proc.stderr
 
-    # nothing outside the output root was touched
-    assert victim.read_text(encoding="utf-8") == "committed elsewhere, keep", log[-3000:]
-    # no checkpoint moved, and nothing was planned
     head = store.head()
-    assert (head.committed_batch_id, head.pending_batch_id) == (1, None), log[-3000:]
-    assert store.committed_checkpoints(head) == checkpoints
-    # the output root holds batch 1 only
-    assert sorted(str(p.relative_to(output)) for p in output.rglob("*")) == output_before
-    # the run failed on the template, saying why
-    assert task_states(home / "airflow.db", "from_conf") == ["failed"], log[-3000:]
-    assert "transform is not templated" in log, log[-3000:]
+    observed = {
+        "file outside the output root": victim.read_text(encoding="utf-8") if victim.exists() else None,
+        "committed, pending batch": (head.committed_batch_id, head.pending_batch_id),
+        "checkpoints unchanged": store.committed_checkpoints(head) == checkpoints,
+        "output unchanged": sorted(str(p.relative_to(output)) for p in output.rglob("*")) == output_before,
+        "task states": task_states(home / "airflow.db", "from_conf"),
+    }
+    assert observed == {
+        "file outside the output root": "committed elsewhere, keep",
+        "committed, pending batch": (1, None),  # no checkpoint moved, nothing was planned
+        "checkpoints unchanged": True,
+        "output unchanged": True,
+        "task states": ["failed"],
+    }, log[-3000:]
+    assert "transform is not templated" in log, log[-3000:]  # the run says why
