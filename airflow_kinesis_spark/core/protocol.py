@@ -159,6 +159,8 @@ class Sink(Protocol):
 
     def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> Any: ...
 
+    def check_written(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
+
     def after_checkpoint_commit(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
 
     def repair(self, store: Any, head: Any) -> None: ...
@@ -461,6 +463,8 @@ def prepare_incremental(
     if not any(r.records or r.quarantined for r in probes):  # no record: every range was probed
         return PreparedBatch(summary=_commit_without_records(kinesis, store, plan, probes, owner, settings))
     plan = _for_job(kinesis, plan, settings)
+    if settings.sink is not None:
+        settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)  # the first batch with records records the owner
     store.begin(plan, owner)
     return PreparedBatch(plan=plan, records_expected=any(r.records for r in probes), reused=False, output_root=settings.output_root)
 
@@ -821,6 +825,7 @@ def _commit(
     """
     table = None
     if sink is not None and sum(r.records for r in reports):
+        sink.check_written(plan, reports)  # the report against the published files: a forged one commits nothing
         if _is_table(sink):
             store.heartbeat(plan.batch_id, owner)  # still this run's batch: a zombie makes no table commit
         started = time.monotonic()
@@ -1043,7 +1048,7 @@ def run_window(
     )  # fmt: skip
     _check_consumer_type(settings.consumer_type)
     if settings.sink is not None:
-        settings.sink.claim(settings.stream_name, settings.consumer_name)
+        settings.sink.claim(settings.stream_name, settings.consumer_name, record=False)
         check_window_position(plan, settings, store)
     log.info("Window [%s, %s): %d shards x %d time slices, output %s",
              format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
@@ -1051,6 +1056,8 @@ def run_window(
     log_probes(probes, len(plan.ranges))
     found = any(r.records or r.quarantined for r in probes)  # else every range was probed: the probes are the reports
     plan = _for_job(kinesis, plan, settings) if found else plan
+    if found and settings.sink is not None:
+        settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)
     if found and store is not None and hands_off(job):
         reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes),  # type: ignore[arg-type]
                                      settings.output_root)

@@ -239,18 +239,33 @@ class Sink:
         :raises OutputOwnedError: the output belongs to another stream, consumer or format.
         :raises OutputAheadError: the output is ahead of the checkpoint store.
         """
-        self.claim(stream_name, consumer_name)
+        self.claim(stream_name, consumer_name, record=False)
         self.check_position(stream_name, consumer_name, store, head, pending)
 
-    def claim(self, stream_name: str, consumer_name: str) -> None:
-        """The output is (stream, consumer)'s, recorded as such on first use (a window's too).
+    def claim(self, stream_name: str, consumer_name: str, *, record: bool = True) -> None:
+        """The output is (stream, consumer)'s; with ``record``, an output without an owner record
+        gets one (the protocol records it when a batch or window with records is about to be
+        written: a run that finds nothing writes no file).
 
         :raises OutputOwnedError: it belongs to another stream, consumer or format.
         """
         if self.output_path:
             from airflow_kinesis_spark.sinks.ownership import claim_output
 
-            claim_output(self.output_path, self.owner(stream_name, consumer_name), self.storage_options)
+            claim_output(self.output_path, self.owner(stream_name, consumer_name), self.storage_options, record=record)
+
+    def check_written(self, plan: Any, reports: Sequence[Any]) -> None:
+        """Before the table and checkpoint commits of a batch with records: its reports agree with
+        the files published at its output location (:func:`~airflow_kinesis_spark.sinks.verify.check_written`);
+        the base (protocol tests without output) checks nothing.
+
+        :raises ReportValidationError: they do not; nothing committed.
+        """
+        if not self.output_path:
+            return
+        from airflow_kinesis_spark.sinks.verify import check_written
+
+        check_written(plan, reports, self.storage_options)
 
     def latest_batch(self, stream_name: str, consumer_name: str, committed_batch_id: int) -> BatchMark | None:
         """The newest batch of (stream, consumer) the output holds, as far as it tells at a small

@@ -124,11 +124,14 @@ def _create(location: str, text: str, storage_options: Mapping[str, str] | None)
     return True
 
 
-def claim_output(output_path: str, wanted: OutputOwner, storage_options: Mapping[str, str] | None = None) -> OutputOwner:
+def claim_output(
+    output_path: str, wanted: OutputOwner, storage_options: Mapping[str, str] | None = None, *, record: bool = True
+) -> OutputOwner | None:
     """Check that ``output_path`` is ``wanted``'s, recording it as such when it has no owner yet.
 
     :param wanted: this task's (stream, consumer, format, shared, table).
-    :returns: the owner record now in the root.
+    :param record: write the owner record when there is none (else only compare).
+    :returns: the owner record now in the root (``None``: none, and ``record`` is off).
     :raises OutputOwnedError: the root records another owner; the message names both and the
         ways out (another ``output_path``; ``shared_output=True`` on every task that writes it,
         for a root that is new; or the owner's own stream and consumer names).
@@ -137,9 +140,11 @@ def claim_output(output_path: str, wanted: OutputOwner, storage_options: Mapping
                          wanted.format, wanted.shared, wanted.table)  # fmt: skip
     try:
         found = read_owner(output_path, storage_options)
+        if found is None and not record:
+            return None
         if found is None:
-            record = {**asdict(wanted), "created_at": format_timestamp(datetime.now(timezone.utc))}
-            if _create(owner_location(output_path), json.dumps(record, sort_keys=True) + "\n", storage_options):
+            text = json.dumps({**asdict(wanted), "created_at": format_timestamp(datetime.now(timezone.utc))}, sort_keys=True)
+            if _create(owner_location(output_path), text + "\n", storage_options):
                 log.info("output %s: recorded its owner (%s) in %s", output_path, wanted.describe(), OWNER_FILE)
             found = read_owner(output_path, storage_options)  # read back: another first writer may have won
     except OSError as err:

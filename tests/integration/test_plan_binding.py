@@ -138,3 +138,41 @@ def test_a_plan_swapped_after_the_job_recorded_its_report_is_refused_by_the_comm
         commit_handed(store, 1, "plan-task", 60.0, plan_digest=prepared.plan.digest())
     head = store.head()
     assert head.committed_batch_id == 0 and head.pending_batch_id == 1 and store.committed_checkpoints() == {}
+
+
+def test_a_forged_report_that_claims_more_than_the_files_hold_commits_nothing(setup, kinesis, unique_name, tmp_path):
+    """The job's files hold the first 3 records of each shard; a report recorded in the table
+    (forged with a job's credentials) says 3 records up to the shard's newest one: committing it
+    would move each checkpoint past records that were never written. The commit reads the
+    published files and refuses."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_kinesis_spark.core.schema import arrow_schema
+    from airflow_kinesis_spark.exceptions import ReportValidationError
+    from airflow_kinesis_spark.sinks import build_sink
+    from tests.helpers import read_plan
+
+    store, settings, victim = setup
+    settings = replace(settings, sink=build_sink("parquet", settings.output_root, stream_name=unique_name, consumer_name="lake"))
+    prepared = prepare_incremental(kinesis, store, settings, "plan-task")
+    plan = prepared.plan
+    rows, reports = read_plan(kinesis, plan)
+    written = [r for shard in {r[0] for r in rows} for r in [x for x in rows if x[0] == shard][:3]]
+    now = datetime.now(timezone.utc)
+    table = pa.table({
+        "stream_name": [unique_name] * len(written), "shard_id": [r[0] for r in written], "sequence_number": [r[1] for r in written],
+        "sub_sequence_number": [r[2] for r in written], "partition_key": ["k"] * len(written),
+        "explicit_hash_key": [None] * len(written), "approximate_arrival_timestamp": [now] * len(written),
+        "data": [r[3] for r in written],
+    }, schema=arrow_schema())  # fmt: skip
+    Path(plan.output_location).mkdir(parents=True)
+    pq.write_table(table, f"{plan.output_location}/part-00000.parquet")
+    forged = [replace(r, records=3) for r in reports]  # the true last record of each range: past what was written
+    store.record_report(plan.batch_id, "plan-task", forged)
+
+    with pytest.raises(ReportValidationError, match="does not match the output published") as info:
+        commit_handed(store, plan.batch_id, "plan-task", 60.0, sink=settings.sink, plan_digest=plan.digest())
+    assert "the files hold 3 up to" in str(info.value)
+    head = store.head()
+    assert head.committed_batch_id == 0 and head.pending_batch_id == 1 and store.committed_checkpoints() == {}
