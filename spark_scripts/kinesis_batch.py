@@ -58,7 +58,7 @@ from typing import Any
 from airflow_kinesis_spark.core.job import JobArguments, run_handed_batch, run_handed_window
 from airflow_kinesis_spark.core.reader import ReadOptions
 from airflow_kinesis_spark.core.schema import arrow_schema, spark_ddl
-from airflow_kinesis_spark.core.transform import resolve_transform
+from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
 
 log = logging.getLogger("airflow_kinesis_spark.spark_job")
 
@@ -98,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     files.add_argument("--plan-file", default=None, help="the batch plan (JSON)")
     files.add_argument("--report-file", default=None, help="where to write the per-shard report (JSON)")
     parser.add_argument("--transform", default=None, help="optional module:function, DataFrame -> DataFrame")
+    parser.add_argument("--transform-allowed-modules", default=None,
+                        help="comma-separated module prefixes a transform may come from (the worker's "
+                             "[kinesis_spark] transform_allowed_modules)")  # fmt: skip
     defaults = ReadOptions()  # the readers' settings and their defaults live there
     parser.add_argument("--limit", type=int, default=defaults.limit, help="GetRecords Limit (1..10,000)")
     parser.add_argument("--min-call-interval", type=float, default=defaults.min_call_interval,
@@ -642,7 +645,7 @@ def store_for(args: JobArguments) -> Any:
     return DynamoDBCheckpointStore(client, args.checkpoint_table, args.stream_name, args.consumer_name)
 
 
-def run_handed(args: argparse.Namespace, transform: Callable | None) -> int:
+def run_handed(args: argparse.Namespace) -> int:
     """The batch handed over in the checkpoint store (``airflow_kinesis_spark.core.job``): claim,
     read the plan, write under the lease to staging, publish, record the report."""
     job_args = JobArguments.from_namespace(args)
@@ -655,6 +658,13 @@ def run_handed(args: argparse.Namespace, transform: Callable | None) -> int:
 
     def write(plan: Any, location: str) -> dict[str, Any]:
         nonlocal spark
+        # The plan is the one the worker checked (core.job.check_bound_plan): its transform is the
+        # DAG's. Arguments edited on the way (an XCom between the plan task and this job) are refused.
+        planned = (plan.task_settings or {}).get("transform") if plan.task_settings is not None else args.transform
+        if (args.transform or None) != (planned or None):
+            raise ValueError(f"--transform {args.transform!r} is not the transform batch {plan.batch_id} was planned with "
+                             f"({planned!r}): these job arguments were changed after the plan task. Nothing was read or written.")  # fmt: skip
+        transform = resolve_transform(args.transform, args.transform_allowed_modules)
         spark = build_session(f"kinesis-batch-{plan.stream_name}-{plan.consumer_name}-{plan.batch_id}")
         return run(spark, plan.to_dict(), transform, aws_env, options, location)
 
@@ -692,9 +702,11 @@ def configure_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
     args = parse_args(argv)
-    transform = resolve_transform(args.transform)  # fail before reading anything
     if args.plan_file is None:
-        return run_handed(args, transform)
+        if args.transform:
+            check_transform_spec(args.transform, args.transform_allowed_modules)  # a malformed spec fails at once; imported once the plan is checked
+        return run_handed(args)
+    transform = resolve_transform(args.transform, args.transform_allowed_modules)  # fail before reading anything
     with open(args.plan_file, encoding="utf-8") as fh:
         plan = json.load(fh)
     options = reader_options(args)

@@ -24,7 +24,7 @@ from airflow_kinesis_spark.core.shards import describe_stream_summary
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONSUMER_TYPES", "ensure_stream_consumer", "deregister_stream_consumer", "stream_arn_of"]
+__all__ = ["CONSUMER_TYPES", "ensure_stream_consumer", "deregister_stream_consumer", "stream_arn_of", "stream_consumer_arn"]
 
 #: ``consumer_type`` values: ``polling`` (GetRecords, the shard's shared read budget) or ``efo``
 #: (enhanced fan-out: a registered stream consumer, SubscribeToShard).
@@ -83,6 +83,18 @@ def ensure_stream_consumer(
         sleep(poll_seconds)
         description = client.describe_stream_consumer(ConsumerARN=arn)["ConsumerDescription"]
     return arn
+
+
+def stream_consumer_arn(client: Any, stream: str, consumer_name: str) -> str | None:
+    """The ARN of stream consumer ``consumer_name`` of ``stream`` (``DescribeStreamConsumer``), or
+    ``None`` when no such consumer is registered. Registers nothing."""
+    try:
+        description = client.describe_stream_consumer(StreamARN=stream_arn_of(client, stream), ConsumerName=consumer_name)
+    except ClientError as err:
+        if _code(err) == "ResourceNotFoundException":
+            return None
+        raise
+    return str(description["ConsumerDescription"]["ConsumerARN"])
 
 
 def deregister_stream_consumer(client: Any, stream: str, consumer_name: str) -> bool:

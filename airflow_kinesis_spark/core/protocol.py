@@ -33,7 +33,14 @@ from typing import Any, Protocol
 from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES, ensure_stream_consumer
 from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
 from airflow_kinesis_spark.core.names import stream_name_of
-from airflow_kinesis_spark.core.planner import BatchPlan, output_settings, plan_incremental, restart_from_trim_horizon, validate_report
+from airflow_kinesis_spark.core.planner import (
+    BatchPlan,
+    initial_checkpoint,
+    output_settings,
+    plan_incremental,
+    restart_from_trim_horizon,
+    validate_report,
+)
 from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, to_utc
 from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
 from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, log_probes, probe_ranges
@@ -436,6 +443,7 @@ def prepare_incremental(
         settings.sink.repair(store, head)
     if plan is not None:
         check_pending_plan(plan, head, store, settings)
+        check_pending_against_stream(kinesis, plan, head, store, settings, now)
     if plan is not None and _pending_plan_gaps(kinesis, store, plan, settings, owner, now):
         plan = None  # discarded (allow_data_loss): planned anew below, from the oldest records kept
         head = store.head()
@@ -686,16 +694,71 @@ def _differences(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSe
     ]  # fmt: skip
     if any(k not in _SET_BY for k, _ in found):
         return found  # not this consumer's plan: its start positions say nothing more
+    if pending_batch_id is not None and pending_batch_id != head.committed_batch_id + 1:
+        found.append(("pending batch id", f"batch id: pending batch {pending_batch_id} does not follow committed batch "
+                      f"{head.committed_batch_id}"))  # fmt: skip
     committed = {k: v.to_dict() for k, v in store.committed_checkpoints(head).items()}
     if {k: v.to_dict() for k, v in plan.checkpoints.items()} != committed:
         found.append(("checkpoints", "checkpoints: the plan starts from checkpoints other than the committed ones"))
+    initial = initial_checkpoint(settings.initial_position, now=plan.created_at, initial_timestamp=settings.initial_timestamp)
+    initial_changed = any(k == "initial position" for k, _ in found)
     for rng in plan.ranges:
         known = plan.checkpoints.get(rng.shard_id)
-        sentinel_start = rng.start_checkpoint.position is None and (known is None or rng.shard_id in plan.trim_gaps)
-        if not (rng.start_checkpoint == known or sentinel_start) or rng.start != StartPosition.after(rng.start_checkpoint):
-            found.append((f"shard {rng.shard_id}",
-                          f"shard {rng.shard_id}: the range starts at {rng.start}, not after its committed checkpoint {known}"))  # fmt: skip
+        start = rng.start_checkpoint
+        if rng.shard_id in plan.trim_gaps:
+            # a recorded trim gap: only with allow_data_loss, from the oldest record kept (the gap's
+            # reality is checked against the stream by check_pending_against_stream)
+            allowed = settings.allow_data_loss and start.sentinel is Sentinel.TRIM_HORIZON
+            why = "over a recorded trim gap, which this task does not allow (allow_data_loss=False)" if not settings.allow_data_loss \
+                else "over a recorded trim gap, but not from TRIM_HORIZON"  # fmt: skip
+        elif known is None:
+            # a never-seen shard: the oldest record kept (a child of read parents), or the task's
+            # initial position (a changed initial_position is reported as such above)
+            allowed = start.sentinel is Sentinel.TRIM_HORIZON or start == initial or initial_changed
+            why = f"for a shard without a checkpoint, neither TRIM_HORIZON nor the task's initial position ({initial})"
+        else:
+            allowed, why = start == known, f"not after its committed checkpoint {known}"
+        if not allowed or rng.start != StartPosition.after(start):
+            found.append((f"shard {rng.shard_id}", f"shard {rng.shard_id}: the range starts at {rng.start}, {why}"))
     return found
+
+
+def check_pending_against_stream(kinesis: Any, plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings, now: datetime) -> None:
+    """What a pending plan's check needs the stream for (after :func:`check_pending_plan`): every
+    range's shard is a shard of the stream whose parents are at ``SHARD_END`` in the committed
+    checkpoints (ORDER); a recorded trim gap is real (the shard's committed checkpoint is behind
+    the trim horizon now); an enhanced fan-out consumer ARN is the one ``DescribeStreamConsumer``
+    gives for this stream and consumer name. One ``ListShards`` (and the probes and the
+    ``DescribeStreamConsumer`` call where the plan needs them); only for a re-used plan.
+
+    :raises PendingPlanMismatchError: naming each difference (someone else wrote the table).
+    """
+    from airflow_kinesis_spark.core.consumers import stream_consumer_arn
+    from airflow_kinesis_spark.core.shards import ShardLineage
+
+    found: list[tuple[str, str]] = []
+    committed = store.committed_checkpoints(head)
+    lineage = ShardLineage(list_shards(kinesis, settings.stream_name))
+    for rng in plan.ranges:
+        shard = lineage.shards.get(rng.shard_id)
+        if shard is None:
+            found.append((f"shard {rng.shard_id}", f"shard {rng.shard_id}: not a shard of stream {stream_name_of(settings.stream_name)!r}"))
+        elif not lineage.parents_finished(shard, committed):
+            found.append((f"shard {rng.shard_id}", f"shard {rng.shard_id}: planned before its parents {', '.join(shard.parents)} "
+                          "reached SHARD_END"))  # fmt: skip
+    gapped = [replace(r, start_checkpoint=committed[r.shard_id], start=StartPosition.after(committed[r.shard_id]))
+              for r in plan.ranges if r.shard_id in plan.trim_gaps and r.shard_id in committed]  # fmt: skip
+    if gapped:
+        real = find_trim_gaps(kinesis, plan.stream_name, gapped, now, min_call_interval=settings.min_call_interval)
+        found += [(f"shard {r.shard_id}", f"shard {r.shard_id}: the plan records a trim gap, but its committed checkpoint "
+                   f"{r.start_checkpoint} is not behind the stream's trim horizon") for r in gapped if r.shard_id not in real]  # fmt: skip
+    if plan.consumer_arn:
+        arn = stream_consumer_arn(kinesis, settings.stream_name, settings.consumer_name)
+        if plan.consumer_arn != arn:
+            found.append(("consumer ARN", f"consumer ARN: the plan has {plan.consumer_arn!r}, stream consumer "
+                          f"{settings.consumer_name!r} of this stream is {arn!r}"))  # fmt: skip
+    if found:
+        _raise_mismatch(found, head, store, settings)
 
 
 def pending_plan_differences(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> list[str]:
@@ -734,6 +797,11 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Increme
     found = _differences(plan, head, store, settings)
     if not found:
         return
+    _raise_mismatch(found, head, store, settings)
+
+
+def _raise_mismatch(found: list[tuple[str, str]], head: Any, store: Any, settings: IncrementalSettings) -> None:
+    """Raise :class:`PendingPlanMismatchError` for ``found`` (see :func:`check_pending_plan`)."""
     arguments = sorted({a.strip() for k, _ in found if k in _SET_BY for a in _SET_BY[k].split(",")})
     foreign = any(k not in _SET_BY for k, _ in found)
     stream = stream_name_of(settings.stream_name)
