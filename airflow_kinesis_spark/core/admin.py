@@ -19,7 +19,12 @@ from urllib.parse import urlparse
 from airflow_kinesis_spark.core.planner import BatchPlan, rewind_checkpoints
 from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, batch_output_location, committed_record_location, plan_id
 from airflow_kinesis_spark.core.shards import list_shards
-from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError, EndpointUnreachableError
+from airflow_kinesis_spark.exceptions import (
+    BatchLeaseHeldError,
+    CheckpointConflictError,
+    CheckpointStoreCorruptError,
+    EndpointUnreachableError,
+)
 
 __all__ = ["rewind", "discard_pending", "check_endpoint", "ArgumentNames", "OPERATOR_ARGUMENTS", "CLI_FLAGS"]
 
@@ -229,6 +234,17 @@ def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None, n
     return _OutputAction(path=local, reason=None, shown=shown)
 
 
+def _readable_pending_plan(store: Any, head: Any) -> BatchPlan | None:
+    """The pending batch's plan, or ``None`` when it is missing or corrupt: discarding the batch is
+    the fix for a corrupt plan (``CheckpointStoreCorruptError`` says so), so it must not need the
+    plan. Without a plan, :func:`_output_action` deletes nothing."""
+    try:
+        return store.pending_plan(head)  # type: ignore[no-any-return]
+    except CheckpointStoreCorruptError as err:
+        log.warning("discarding pending batch %s without reading its plan: %s", head.pending_batch_id, err)
+        return None
+
+
 def _heartbeat_age(head: Any) -> float | None:
     """Seconds since the pending batch holder's last heartbeat; ``None`` without one, or when the
     holder released its lease (``DynamoDBCheckpointStore.release`` sets the heartbeat to 0)."""
@@ -253,7 +269,7 @@ def _discard(
         )  # fmt: skip
     if batch_id is None:
         return dict(_NOTHING_DISCARDED)
-    action = _output_action(head, store.pending_plan(head), output_path, names)
+    action = _output_action(head, _readable_pending_plan(store, head), output_path, names)
     result = {"discarded_batch_id": batch_id, "holder": head.pending_owner, "heartbeat_age_seconds": _heartbeat_age(head)}
     if dry_run:
         return {**result, "deleted_path": str(action.path) if action.path else None, "discarded_output": action.describe(True)}
@@ -274,7 +290,7 @@ def _discard(
             seconds_left=left, takeover_at=fields.get("takeover_at"), lease_seconds=lease_seconds, path=action.shown,
         ) from err  # fmt: skip
     # Decided again now that this writer holds the batch: what is on disk may have changed meanwhile.
-    action = _output_action(head, store.pending_plan(head), output_path, names)
+    action = _output_action(head, _readable_pending_plan(store, head), output_path, names)
     if action.path is not None:
         try:
             shutil.rmtree(action.path)  # refuses a symbolic link, and does not follow those inside

@@ -27,7 +27,7 @@ from airflow_kinesis_spark.core.positions import Checkpoint
 from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, ShardReader, probe_reader
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.shards import ListShardsPager, Shard, raise_for_stream
-from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head, join_chunks
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head
 
 __all__ = [
     "list_shards",
@@ -126,22 +126,29 @@ async def count_range(
     return reader.finish(), budget_spent
 
 
-async def _payload(client: Any, store: DynamoDBCheckpointStore, batch_id: int, kind: str, owner: str) -> Any | None:
-    """Async ``DynamoDBCheckpointStore._read_chunks``: the store's ``chunks_request`` through
-    aiobotocore's ``Query`` paginator, joined by the store's ``join_chunks``."""
+async def _committed(client: Any, store: DynamoDBCheckpointStore, batch_id: int, kind: str, owner: str) -> Any | None:
+    """A payload of the committed batch: the store's ``chunks_request`` through aiobotocore's
+    ``Query`` paginator, parsed by the store's ``parse_chunks`` (as the sync store reads it).
+
+    :raises CheckpointStoreCorruptError: its items do not parse.
+    """
     pages = client.get_paginator("query").paginate(**store.chunks_request(batch_id, kind, owner))
     items = [item async for page in pages for item in page.get("Items", [])]
-    return join_chunks(items, f"{kind} of batch {batch_id}")
+    return store.parse_chunks(items, batch_id, kind, owner, pending=False)
 
 
 async def read_head(client: Any, store: DynamoDBCheckpointStore) -> Head:
-    """Async ``store.head()``: a table that does not exist yet reads as no head."""
+    """Async ``store.head()``: a table that does not exist yet reads as no head.
+
+    :raises CheckpointStoreCorruptError: the head item does not parse (``store.parse_head``).
+    """
     try:
-        return Head.from_item((await client.get_item(**store.head_request())).get("Item"))
+        item = (await client.get_item(**store.head_request())).get("Item")
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
             raise
         return Head()
+    return store.parse_head(item)
 
 
 async def committed_state(
@@ -152,22 +159,19 @@ async def committed_state(
 
     A table that does not exist yet reads as a consumer with no committed batch.
 
-    :raises RuntimeError: the committed batch's checkpoints are missing (as the sync store).
+    :raises CheckpointStoreCorruptError: the head or the committed batch's items do not parse, or
+        its checkpoints are missing (as the sync store).
     """
     head = await read_head(client, store)
     if head.committed_batch_id == 0 or head.committed_owner is None:
         return head, {}, None
-    data = await _payload(client, store, head.committed_batch_id, "CKPT", head.committed_owner)
-    if data is None:  # as DynamoDBCheckpointStore.committed_checkpoints: never read as "no checkpoints" (LOUD)
-        raise RuntimeError(
-            f"checkpoint table {store.table_name}: the checkpoints of committed batch "
-            f"{head.committed_batch_id} are missing; the table was edited by hand"
-        )
+    checkpoints = await _committed(client, store, head.committed_batch_id, "CKPT", head.committed_owner)
+    if checkpoints is None:  # as DynamoDBCheckpointStore.committed_checkpoints: never read as "no checkpoints" (LOUD)
+        raise store.missing_checkpoints_error(head)
     plan = None
     if with_plan and head.committed_plan_owner:
-        plan_data = await _payload(client, store, head.committed_batch_id, "PLAN", head.committed_plan_owner)
-        plan = BatchPlan.from_dict(plan_data) if plan_data else None
-    return head, {k: Checkpoint.from_dict(v) for k, v in data.items()}, plan
+        plan = await _committed(client, store, head.committed_batch_id, "PLAN", head.committed_plan_owner)
+    return head, checkpoints, plan
 
 
 async def describe_stream_summary(client: Any, stream_name: str) -> dict[str, Any]:

@@ -43,13 +43,22 @@ them, typically within a few days of that time (DynamoDB developer guide, "Using
 until then they stay readable. No state the protocol reads (the committed batch's plan and
 checkpoints, the pending batch's plan and report) is ever marked.
 
+Untrusted state: anyone allowed to write the table can plant items. Every item read is checked
+against what the provider writes (DynamoDB types, whole batch ids >= 0, every chunk there once,
+JSON that parses into a plan, report or checkpoints, a plan's batch id that of its key); an item
+that is not fails with :class:`~airflow_kinesis_spark.exceptions.CheckpointStoreCorruptError`,
+which names the table, the item, the field and the fix, before anything is planned or committed
+from it.
+
 No Airflow import.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -57,6 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -64,18 +74,19 @@ from botocore.exceptions import BotoCoreError, ClientError
 from airflow_kinesis_spark.core.names import stream_name_of, validate_table_name
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.pool import pool_threads
-from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
-from airflow_kinesis_spark.core.ranges import ShardReport
+from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, parse_sequence_number, parse_timestamp
+from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.exceptions import (
     BatchLeaseHeldError,
     CheckpointConflictError,
+    CheckpointStoreCorruptError,
 )
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "TTL_ATTRIBUTE", "DEFAULT_KEEP_BATCHES", "DEFAULT_LEASE_SECONDS",
-    "HEARTBEATS_PER_LEASE", "heartbeat_interval", "join_chunks",
+    "HEARTBEATS_PER_LEASE", "heartbeat_interval", "join_chunks", "PARSE_ERRORS", "FIX_RESTORE", "FIX_PENDING", "FIX_WINDOW",
 ]  # fmt: skip
 
 #: The lease on a pending batch by default (seconds): a holder that sent no heartbeat for this
@@ -151,6 +162,377 @@ BATCH_WRITE_MAX_ITEMS = 25
 #: partition's throughput is exceeded; botocore does not retry them), 0.05 s, 0.1 s, ... apart.
 BATCH_WRITE_ATTEMPTS = 5
 
+#: What parsing a malformed item may raise (``json.JSONDecodeError`` and ``UnicodeError`` are
+#: ``ValueError``s, ``decimal.InvalidOperation`` an ``ArithmeticError``, JSON nested too deeply a
+#: ``RecursionError``). The store turns each into :class:`CheckpointStoreCorruptError`, naming the
+#: item and the field.
+PARSE_ERRORS: tuple[type[Exception], ...] = (
+    KeyError, IndexError, ValueError, TypeError, AttributeError, ArithmeticError, RecursionError,
+)  # fmt: skip
+
+#: How to mend a corrupt item that a head pointer or the head itself holds (the message of
+#: :class:`CheckpointStoreCorruptError` ends with it).
+FIX_RESTORE = (
+    "restore the table from its point-in-time recovery backup (DynamoDB restores into a new table) to a time before "
+    "the item changed, then copy the item back or point checkpoint_table at the restored table"
+)
+#: How to mend a corrupt item of the pending batch: dropping the batch is enough.
+FIX_PENDING = (
+    "discard the pending batch (kinesis-spark discard-pending, or KinesisDiscardPendingBatchOperator): the committed "
+    "checkpoints stay and the next run plans the batch anew from them; or " + FIX_RESTORE
+)
+#: How to mend a corrupt item of a window run (``write_window``).
+FIX_WINDOW = (
+    "run the window task again: its new attempt stores the window's plan and report anew under its own writer id "
+    f"(these items expire {WINDOW_DAYS} days after they were written)"
+)
+
+#: DynamoDB's attribute type descriptors (DynamoDB API reference, AttributeValue).
+_DYNAMODB_TYPES = {"S": "string", "N": "number", "B": "binary", "BOOL": "boolean", "NULL": "null", "M": "map",
+                   "L": "list", "SS": "string set", "NS": "number set", "BS": "binary set"}  # fmt: skip
+#: A chunk's number at the end of its sort key (``_put_chunks``).
+_CHUNK_NUMBER = re.compile(r"[0-9]{5}")
+#: The sentinels a stored checkpoint may hold (``LATEST`` is resolved by the planner, never stored).
+_STORED_SENTINELS = tuple(s.value for s in Sentinel if s is not Sentinel.LATEST)
+#: What a payload's chunks hold, by kind, in messages.
+_KIND_WORDS = {"PLAN": "plan", "REPORT": "job's report", "CKPT": "checkpoints"}
+
+
+class _Malformed(Exception):
+    """A field of an item that does not parse. Internal: the store adds the item's key and raises
+    :class:`CheckpointStoreCorruptError`; ``__cause__`` is the parser's own error, if any."""
+
+    def __init__(self, field: str, problem: str, *, pk: str | None = None, sk: str | None = None) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem, self.pk, self.sk = field, problem, pk, sk
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr`` of a value read from the table, cut to ``limit`` characters: it is not trusted to
+    be short or printable."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _explain(err: BaseException) -> str:
+    text = str(err)
+    return f"{type(err).__name__}: {text if len(text) <= 200 else text[:199] + '…'}"
+
+
+def _key_text(item: Mapping[str, Any], name: str) -> str:
+    """The item's key attribute ``name`` (``pk``, ``sk``: strings by the table's key schema)."""
+    value = item.get(name)
+    if isinstance(value, Mapping) and isinstance(value.get("S"), str):
+        return str(value["S"])
+    return _show(value)
+
+
+def _attribute(item: Mapping[str, Any], name: str, kind: str, *, required: bool = False) -> str | None:
+    """The value of attribute ``name``, of DynamoDB type ``kind`` (``S`` or ``N``: both come as
+    strings); ``None`` when it is absent and not ``required``."""
+    if name not in item:
+        if required:
+            raise _Malformed(name, "missing")
+        return None
+    value = item[name]
+    if isinstance(value, Mapping) and len(value) == 1 and isinstance(value.get(kind), str):
+        return str(value[kind])
+    if isinstance(value, Mapping) and len(value) == 1:
+        ((found, inner),) = value.items()
+        shown = f"a DynamoDB {_DYNAMODB_TYPES.get(found, 'value')} ({found}) {_show(inner)}"
+    else:
+        shown = _show(value)
+    raise _Malformed(name, f"expected a DynamoDB {_DYNAMODB_TYPES[kind]} ({kind}), found {shown}")
+
+
+def _whole_number(text: str, field: str, minimum: int) -> int:
+    """A DynamoDB number that must be a whole number ``>= minimum`` (DynamoDB numbers have up to 38
+    significant digits: DynamoDB developer guide, "Data types")."""
+    try:
+        number = Decimal(text)
+    except (InvalidOperation, ValueError, TypeError):
+        raise _Malformed(field, f"{_show(text)} is not a number") from None
+    if not number.is_finite() or number.adjusted() > 38 or number != number.to_integral_value():
+        raise _Malformed(field, f"{_show(text)} is not a whole number of at most 38 digits")
+    value = int(number)
+    if value < minimum:
+        raise _Malformed(field, f"{value} is below {minimum}, the least it may be")
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, for messages: ``an array [1, 2]``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        kind = "a boolean"
+    elif isinstance(value, (int, float)):
+        kind = "a number"
+    elif isinstance(value, str):
+        kind = "a string"
+    elif isinstance(value, list):
+        kind = "an array"
+    elif isinstance(value, dict):
+        kind = "an object"
+    else:
+        kind = type(value).__name__
+    return f"{kind} {_show(value, 60)}"
+
+
+def _at(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Malformed(path, f"expected a JSON object, found {_json_kind(value)}")
+    return value
+
+
+def _array(value: Any, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Malformed(path, f"expected a JSON array, found {_json_kind(value)}")
+    return value
+
+
+def _required(data: Mapping[str, Any], name: str, path: str) -> Any:
+    if name not in data:
+        raise _Malformed(_at(path, name), "missing")
+    return data[name]
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parsed(path: str, parse: Callable[[Any], Any], value: Any) -> Any:
+    """``parse(value)``; its error (any of :data:`PARSE_ERRORS`) as the field ``path``'s."""
+    try:
+        return parse(value)
+    except PARSE_ERRORS as err:
+        raise _Malformed(path, _explain(err)) from err
+
+
+def _timestamp_at(value: Any, path: str) -> None:
+    if not isinstance(value, str):
+        raise _Malformed(path, f"expected an ISO 8601 timestamp (a string), found {_json_kind(value)}")
+    _parsed(path, parse_timestamp, value)
+
+
+def _position_at(data: Mapping[str, Any], path: str) -> None:
+    """Check an extended sequence number's fields (``sequence_number``: a decimal string;
+    ``sub_sequence_number``: ``null`` or a whole number >= 0)."""
+    number = _required(data, "sequence_number", path)
+    if not isinstance(number, str):
+        raise _Malformed(_at(path, "sequence_number"), f"expected a decimal string, found {_json_kind(number)}")
+    _parsed(_at(path, "sequence_number"), parse_sequence_number, number)
+    sub = data.get("sub_sequence_number")
+    if sub is not None and not (_is_whole(sub) and sub >= 0):
+        raise _Malformed(_at(path, "sub_sequence_number"), f"expected null or a whole number >= 0, found {_json_kind(sub)}")
+
+
+def _checkpoint_at(value: Any, path: str) -> Checkpoint:
+    """A stored checkpoint (``Checkpoint.to_dict``), every field checked."""
+    data = _object(value, path)
+    kind = _required(data, "type", path)
+    if kind != "SEQUENCE" and kind not in _STORED_SENTINELS:
+        raise _Malformed(
+            _at(path, "type"), f"unknown checkpoint type {_show(kind)}: expected SEQUENCE, {', '.join(_STORED_SENTINELS)}"
+        )
+    if kind == "SEQUENCE":
+        _position_at(data, path)
+    for name in ("timestamp", "clear_until"):
+        if data.get(name):
+            _timestamp_at(data[name], _at(path, name))
+    return _parsed(path, Checkpoint.from_dict, data)  # type: ignore[no-any-return]
+
+
+def _checkpoints_at(value: Any, path: str) -> dict[str, Checkpoint]:
+    """Shard id -> stored checkpoint; a checkpoint that does not parse is named by its shard id."""
+    out = {}
+    for shard_id, item in _object(value, path).items():
+        where = f"{path}[{_show(shard_id)}]"
+        try:
+            out[shard_id] = Checkpoint.from_dict(_object(item, where))
+        except PARSE_ERRORS as err:
+            _checkpoint_at(item, where)  # names the field
+            raise _Malformed(where, _explain(err)) from err
+        sub = item.get("sub_sequence_number")
+        if item["type"] == "SEQUENCE" and not (isinstance(item["sequence_number"], str) and (sub is None or _is_whole(sub))):
+            _checkpoint_at(item, where)  # from_dict takes 12 for "12" and 1.5 for a sub-sequence number
+    return out
+
+
+def _range_at(value: Any, path: str) -> ShardRange:
+    """A planned shard range (``ShardRange.to_dict``); on an error, the field is located."""
+    data = _object(value, path)
+    try:
+        return ShardRange.from_dict(data)
+    except PARSE_ERRORS as err:
+        if not isinstance(_required(data, "shard_id", path), str):
+            raise _Malformed(_at(path, "shard_id"), f"expected a string, found {_json_kind(data['shard_id'])}") from err
+        _parsed(_at(path, "start"), StartPosition.from_dict, _object(_required(data, "start", path), _at(path, "start")))
+        _checkpoint_at(_required(data, "start_checkpoint", path), _at(path, "start_checkpoint"))
+        _timestamp_at(_required(data, "cutoff", path), _at(path, "cutoff"))
+        raise _Malformed(path, _explain(err)) from err
+
+
+#: A plan's top-level fields that must be present, and the JSON types of its fields.
+_PLAN_REQUIRED = ("batch_id", "stream_name", "consumer_name", "cutoff", "created_at", "output_location", "ranges",
+                  "checkpoints")  # fmt: skip
+_PLAN_STRINGS = ("stream_name", "consumer_name", "output_location")
+_PLAN_OPTIONAL_STRINGS = ("mode", "checkpoint_table", "consumer_arn")
+_PLAN_OPTIONAL_OBJECTS = ("waiting", "trim_gaps", "output", "task_settings")
+_PLAN_STRING_LISTS = ("lost_shards", "open_shards")
+
+
+def _plan_at(value: Any, batch_id: int | None) -> BatchPlan:
+    """A stored plan (``BatchPlan.to_dict``): the JSON types of its fields, its batch id (that of
+    the item's key, ``batch_id``; ``None``: a window's, any id >= 0), then ``BatchPlan.from_dict``.
+    On a parse error, the field is located (a range or checkpoint by its index or shard id)."""
+    data = _object(value, "body")
+    for name in _PLAN_REQUIRED:
+        _required(data, name, "")
+    found = data["batch_id"]
+    if not _is_whole(found) or found < 0:
+        raise _Malformed("batch_id", f"expected a whole number >= 0, found {_json_kind(found)}")
+    if batch_id is not None and found != batch_id:
+        raise _Malformed("batch_id", f"the plan says batch {found}, but its item is batch {batch_id}'s")
+    for name in _PLAN_STRINGS:
+        if not isinstance(data[name], str):
+            raise _Malformed(name, f"expected a string, found {_json_kind(data[name])}")
+    for name in _PLAN_OPTIONAL_STRINGS:
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise _Malformed(name, f"expected a string or null, found {_json_kind(data[name])}")
+    for name in _PLAN_OPTIONAL_OBJECTS:
+        if data.get(name) is not None:
+            _object(data[name], name)
+    for name in _PLAN_STRING_LISTS:
+        for index, shard_id in enumerate(_array(data.get(name, []), name)):
+            if not isinstance(shard_id, str):
+                raise _Malformed(f"{name}[{index}]", f"expected a shard id (a string), found {_json_kind(shard_id)}")
+    ranges = _array(data["ranges"], "ranges")
+    for index, item in enumerate(ranges):
+        _object(item, f"ranges[{index}]")
+    for shard_id, item in _object(data["checkpoints"], "checkpoints").items():
+        _object(item, f"checkpoints[{_show(shard_id)}]")
+    try:
+        return BatchPlan.from_dict(data)
+    except PARSE_ERRORS as err:
+        for name in ("cutoff", "created_at"):
+            _timestamp_at(data[name], name)
+        if data.get("window_start"):
+            _timestamp_at(data["window_start"], "window_start")
+        for index, item in enumerate(ranges):
+            _range_at(item, f"ranges[{index}]")
+        _checkpoints_at(data["checkpoints"], "checkpoints")
+        raise _Malformed("body", _explain(err)) from err
+
+
+_REPORT_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(ShardReport)}
+_REPORT_REQUIRED = tuple(
+    f.name for f in dataclasses.fields(ShardReport)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)  # fmt: skip
+#: JSON checks of a shard report's plain fields, by the type annotation of the field.
+_REPORT_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (lambda v: _is_whole(v) and v >= 0, "a whole number >= 0"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+}
+
+
+def _reports_at(value: Any) -> list[ShardReport]:
+    """A job's stored report (a list of ``ShardReport.to_dict``), every field checked."""
+    out = []
+    for index, item in enumerate(_array(value, "body")):
+        path = f"reports[{index}]"
+        data = _object(item, path)
+        for name in _REPORT_REQUIRED:
+            _required(data, name, path)
+        for name, field_value in data.items():
+            annotation = _REPORT_FIELDS.get(name)
+            if annotation is None:
+                raise _Malformed(_at(path, name), "not a field of a shard report")
+            nullable = annotation.endswith(" | None")
+            check = _REPORT_KINDS.get(annotation.removesuffix(" | None"))
+            if field_value is None and nullable:
+                continue
+            if check is not None and not check[0](field_value):
+                raise _Malformed(_at(path, name), f"expected {check[1]}{' or null' if nullable else ''}, found {_json_kind(field_value)}")
+            if name in ("first", "last"):
+                _position_at(_object(field_value, _at(path, name)), _at(path, name))
+            elif name in ("first_arrival", "last_arrival"):
+                _timestamp_at(field_value, _at(path, name))
+        out.append(_parsed(path, ShardReport.from_dict, data))
+    return out
+
+
+@dataclass(frozen=True)
+class _Joined:
+    """A payload joined from its chunk items: the JSON, the first chunk's key, the chunk count."""
+
+    data: Any
+    pk: str
+    sk: str
+    chunks: int
+
+
+def _join(items: list[Mapping[str, Any]], prefix: str | None = None) -> _Joined | None:
+    """Join chunk items (any order; ``prefix``: their sort keys' common start, when known) and
+    parse their JSON; ``None`` when there are none.
+
+    Every item must have ``chunks`` (a number >= 1, the same in every item) and ``body`` (a
+    string), a sort key ending in its chunk number (5 digits) below ``chunks``, and every chunk
+    number must be there once.
+    """
+    if not items:
+        return None
+    count: int | None = None
+    first: tuple[str, str] | None = None
+    bodies: dict[int, tuple[str, str, str]] = {}
+    for item in items:
+        pk, sk = _key_text(item, "pk"), _key_text(item, "sk")
+        try:
+            number = sk[len(prefix) :] if prefix is not None and sk.startswith(prefix) else sk.rpartition("#")[2]
+            if not _CHUNK_NUMBER.fullmatch(number):
+                raise _Malformed("sk", "does not end in a chunk number of 5 digits")
+            chunks = _whole_number(_attribute(item, "chunks", "N", required=True), "chunks", 1)  # type: ignore[arg-type]
+            body = _attribute(item, "body", "S", required=True)
+            if count is None or first is None:
+                count, first = chunks, (pk, sk)
+            elif chunks != count:
+                raise _Malformed("chunks", f"says {chunks} chunks, but the item with sk {first[1]!r} says {count}")
+            if int(number) >= chunks:
+                raise _Malformed("sk", f"chunk {number} of a payload of {chunks} chunks (numbered from 00000)")
+            if int(number) in bodies:
+                raise _Malformed("sk", f"a second chunk {number} (the other: sk {bodies[int(number)][1]!r})")
+        except _Malformed as bad:
+            bad.pk, bad.sk = pk, sk
+            raise
+        bodies[int(number)] = (pk, sk, body)  # type: ignore[assignment]
+    assert count is not None and first is not None
+    if len(bodies) < count:  # every number is below count and there once: one of 0..len(bodies) is missing
+        missing = next(n for n in range(len(bodies) + 1) if n not in bodies)
+        raise _Malformed(
+            "chunks", f"says {count} chunks, but {len(bodies)} were found (chunk {missing:05d} is missing)",
+            pk=first[0], sk=first[1],
+        )  # fmt: skip
+    ordered = [bodies[n] for n in range(count)]
+    try:
+        data = json.loads("".join(body for _, _, body in ordered))
+    except json.JSONDecodeError as err:
+        start = 0
+        for index, (pk, sk, body) in enumerate(ordered):
+            if err.pos < start + len(body) or index == count - 1:
+                raise _Malformed("body", f"not JSON: {err.msg} at character {err.pos - start} of this chunk", pk=pk, sk=sk) from err
+            start += len(body)
+        raise  # not reached
+    except (ValueError, RecursionError) as err:  # a number of over 4300 digits, JSON nested too deeply
+        raise _Malformed("body", f"JSON this store does not read: {_explain(err)}", pk=ordered[0][0], sk=ordered[0][1]) from err
+    return _Joined(data, ordered[0][0], ordered[0][1], count)
+
 
 @dataclass(frozen=True)
 class Head:
@@ -170,42 +552,60 @@ class Head:
     pending_heartbeat: int | None = None
 
     @classmethod
-    def from_item(cls, item: Mapping[str, Any] | None) -> Head:
-        """Parse the head item as ``GetItem`` returns it (``None``: no head yet)."""
+    def from_item(cls, item: Mapping[str, Any] | None, *, table_name: str | None = None) -> Head:
+        """Parse the head item as ``GetItem`` returns it (``None``: no head yet).
+
+        :param table_name: the table, named in the error.
+        :raises CheckpointStoreCorruptError: ``committed_batch_id`` is missing (the provider
+            writes it with the head), an attribute is of another DynamoDB type (a number ``N``
+            for a batch id or heartbeat, a string ``S`` for a writer), or a batch id or heartbeat
+            is not a whole number ``>= 0`` (a pending batch id: ``>= 1``).
+        """
         if not item:
             return cls()
 
-        def num(name: str) -> int | None:
-            return int(item[name]["N"]) if name in item else None
+        def num(name: str, minimum: int, *, required: bool = False) -> int | None:
+            text = _attribute(item, name, "N", required=required)
+            return None if text is None else _whole_number(text, name, minimum)
 
         def text(name: str) -> str | None:
-            return item[name]["S"] if name in item else None
+            return _attribute(item, name, "S")
 
-        return cls(
-            committed_batch_id=num("committed_batch_id") or 0,
-            committed_owner=text("committed_owner"),
-            pending_batch_id=num("pending_batch_id"),
-            pending_plan_owner=text("pending_plan_owner"),
-            pending_owner=text("pending_owner"),
-            pending_report_owner=text("pending_report_owner"),
-            committed_plan_owner=text("committed_plan_owner"),
-            committed_report_owner=text("committed_report_owner"),
-            pending_heartbeat=num("pending_heartbeat"),
-        )
+        try:
+            return cls(
+                committed_batch_id=num("committed_batch_id", 0, required=True) or 0,
+                committed_owner=text("committed_owner"),
+                pending_batch_id=num("pending_batch_id", 1),
+                pending_plan_owner=text("pending_plan_owner"),
+                pending_owner=text("pending_owner"),
+                pending_report_owner=text("pending_report_owner"),
+                committed_plan_owner=text("committed_plan_owner"),
+                committed_report_owner=text("committed_report_owner"),
+                pending_heartbeat=num("pending_heartbeat", 0),
+            )
+        except _Malformed as bad:
+            raise CheckpointStoreCorruptError.for_item(
+                table_name, _key_text(item, "pk"), _key_text(item, "sk"), bad.field, bad.problem,
+                what="the head: the committed and the pending batch", fix=FIX_RESTORE,
+            ) from bad.__cause__  # fmt: skip
 
 
-def join_chunks(items: list[Mapping[str, Any]], what: str) -> Any | None:
+def join_chunks(items: list[Mapping[str, Any]], what: str, *, table_name: str | None = None) -> Any | None:
     """The JSON payload of chunk items (any order); ``None`` when there are none.
 
-    :raises RuntimeError: when chunks are missing.
+    :param what: what the chunks hold (``PLAN of batch 7``), named in the error.
+    :param table_name: the table, named in the error.
+    :raises CheckpointStoreCorruptError: a chunk is missing or repeated, an item lacks ``chunks``
+        or ``body`` or has them of another DynamoDB type, the items disagree on ``chunks``, or the
+        joined text is not JSON. The error names the item and the field.
     """
-    if not items:
-        return None
-    expected = int(items[0]["chunks"]["N"])
-    if len(items) != expected:
-        raise RuntimeError(f"{what}: {len(items)} of {expected} chunks found")
-    ordered = sorted(items, key=lambda i: i["sk"]["S"])
-    return json.loads("".join(i["body"]["S"] for i in ordered))
+    try:
+        joined = _join(items)
+    except _Malformed as bad:
+        raise CheckpointStoreCorruptError.for_item(
+            table_name, bad.pk or "?", bad.sk or "?", bad.field, bad.problem, what=what, fix=FIX_RESTORE
+        ) from bad.__cause__
+    return None if joined is None else joined.data
 
 
 def _now() -> str:
@@ -470,8 +870,8 @@ class DynamoDBCheckpointStore:
     def chunks_request(self, batch_id: int, kind: str, owner: str) -> dict[str, Any]:
         """``Query`` arguments for the chunks of one payload (strongly consistent).
 
-        The one definition of where a payload's chunks are: :meth:`_read_chunks` (and the async
-        reader in ``core.aio``) page through it and hand the items to :func:`join_chunks`.
+        The one definition of where a payload's chunks are: the store (and the async reader in
+        ``core.aio``) page through it and hand the items to :meth:`parse_chunks`.
 
         :param kind: ``PLAN``, ``REPORT`` or ``CKPT``.
         """
@@ -486,59 +886,153 @@ class DynamoDBCheckpointStore:
         }
 
     def head(self) -> Head:
-        """Read the head item (strongly consistent); a table not created yet reads as no head."""
+        """Read the head item (strongly consistent); a table not created yet reads as no head.
+
+        :raises CheckpointStoreCorruptError: the head item does not parse (:meth:`parse_head`).
+        """
         try:
-            return Head.from_item(self.client.get_item(**self.head_request()).get("Item"))
+            item = self.client.get_item(**self.head_request()).get("Item")
         except self.client.exceptions.ResourceNotFoundException:
             return Head()
+        return self.parse_head(item)
+
+    def parse_head(self, item: Mapping[str, Any] | None) -> Head:
+        """The head item as ``GetItem`` returns it, parsed (``None``: no head yet); the sync and the
+        async reader (``core.aio``) share it.
+
+        :raises CheckpointStoreCorruptError: see :meth:`Head.from_item`.
+        """
+        return Head.from_item(item, table_name=self.table_name)
+
+    def parse_chunks(
+        self, items: list[Mapping[str, Any]], batch_id: int, kind: str, owner: str, *, pending: bool
+    ) -> Any | None:
+        """The chunk items of one payload of the batch log (what a ``Query`` of
+        :meth:`chunks_request` returns, any order), joined and parsed: ``PLAN`` a
+        :class:`BatchPlan` (its batch id must be ``batch_id``), ``REPORT`` a list of
+        :class:`ShardReport`, ``CKPT`` shard id -> :class:`Checkpoint`. ``None`` when there are no
+        items. The sync and the async reader (``core.aio``) share it.
+
+        :param pending: the payload belongs to the pending batch (the error's fix: discard it),
+            else to the committed one (restore the item).
+        :raises CheckpointStoreCorruptError: a chunk is missing, repeated or malformed (see
+            :func:`join_chunks`), or the payload does not parse; the error names the item (the
+            first chunk's key for the payload's fields) and the field (``ranges[2].cutoff``).
+        """
+        what = f"the {_KIND_WORDS[kind]} of {'pending' if pending else 'committed'} batch {batch_id}"
+        if kind == "PLAN":
+            parse: Callable[[Any], Any] = lambda data: _plan_at(data, batch_id)  # noqa: E731
+        elif kind == "REPORT":
+            parse = _reports_at
+        elif kind == "CKPT":
+            parse = lambda data: _checkpoints_at(data, "checkpoints")  # noqa: E731
+        else:
+            raise ValueError(f"kind must be PLAN, REPORT or CKPT; got {kind!r}")
+        return self._load(items, self._prefix(batch_id, kind, owner), what, FIX_PENDING if pending else FIX_RESTORE, parse)
+
+    def _load(
+        self, items: list[Mapping[str, Any]], prefix: str, what: str, fix: str, parse: Callable[[Any], Any]
+    ) -> Any | None:
+        """Join chunk items under ``prefix`` and ``parse`` the JSON; every error of either as a
+        :class:`CheckpointStoreCorruptError` naming the item and field, ``what`` it holds and ``fix``."""
+        try:
+            joined = _join(items, prefix)
+            if joined is None:
+                return None
+            try:
+                return parse(joined.data)
+            except _Malformed as bad:
+                bad.pk, bad.sk = joined.pk, joined.sk
+                if joined.chunks > 1:
+                    bad.problem += f" (in the JSON of its {joined.chunks} chunks, {prefix}00000 on)"
+                raise
+        except _Malformed as bad:
+            raise CheckpointStoreCorruptError.for_item(
+                self.table_name, bad.pk or self.pk, bad.sk or f"{prefix}00000", bad.field, bad.problem, what=what, fix=fix
+            ) from bad.__cause__
+
+    def _read_batch(self, batch_id: int, kind: str, owner: str, *, pending: bool) -> Any | None:
+        """:meth:`parse_chunks` of the items :meth:`chunks_request` finds."""
+        return self.parse_chunks(self._query_items(self._prefix(batch_id, kind, owner)), batch_id, kind, owner, pending=pending)
+
+    def _missing(self, head_field: str, problem: str, *, fix: str) -> CheckpointStoreCorruptError:
+        """The error for a head whose ``head_field`` points at chunks that are not there."""
+        return CheckpointStoreCorruptError.for_item(
+            self.table_name, self.pk, "HEAD", head_field, problem, what="the head: the committed and the pending batch",
+            fix=fix,
+        )  # fmt: skip
+
+    def missing_checkpoints_error(self, head: Head) -> CheckpointStoreCorruptError:
+        """The error for a head whose committed batch's checkpoints are not in the table (never
+        read as "no checkpoints": that would plan from the initial position, LOUD)."""
+        prefix = self._prefix(head.committed_batch_id, "CKPT", head.committed_owner or "")
+        return self._missing(
+            "committed_owner", f"the checkpoints of committed batch {head.committed_batch_id} are missing (no item with sk "
+            f"{prefix}00000)", fix=FIX_RESTORE,
+        )  # fmt: skip
 
     def committed_plan(self, head: Head | None = None) -> BatchPlan | None:
-        """The plan of the last committed batch (``None`` before the first commit)."""
+        """The plan of the last committed batch (``None`` before the first commit).
+
+        :raises CheckpointStoreCorruptError: its items do not parse (:meth:`parse_chunks`).
+        """
         head = head or self.head()
         if head.committed_batch_id == 0 or head.committed_plan_owner is None:
             return None
-        data = self._read_chunks(head.committed_batch_id, "PLAN", head.committed_plan_owner)
-        return None if data is None else BatchPlan.from_dict(data)
+        return self._read_batch(head.committed_batch_id, "PLAN", head.committed_plan_owner, pending=False)  # type: ignore[no-any-return]
 
     def committed_checkpoints(self, head: Head | None = None) -> dict[str, Checkpoint]:
-        """Every shard's committed checkpoint (empty before the first commit)."""
+        """Every shard's committed checkpoint (empty before the first commit).
+
+        :raises CheckpointStoreCorruptError: the committed batch's checkpoints are missing, or
+            their items do not parse (:meth:`parse_chunks`).
+        """
         head = head or self.head()
         if head.committed_batch_id == 0 or head.committed_owner is None:
             return {}
-        data = self._read_chunks(head.committed_batch_id, "CKPT", head.committed_owner)
-        if data is None:
-            raise RuntimeError(
-                f"checkpoint table {self.table_name}: the checkpoints of committed batch "
-                f"{head.committed_batch_id} are missing; the table was edited by hand"
-            )
-        return {k: Checkpoint.from_dict(v) for k, v in data.items()}
+        checkpoints = self._read_batch(head.committed_batch_id, "CKPT", head.committed_owner, pending=False)
+        if checkpoints is None:
+            raise self.missing_checkpoints_error(head)
+        return checkpoints  # type: ignore[no-any-return]
 
     def pending_plan(self, head: Head | None = None) -> BatchPlan | None:
-        """The plan of the pending (planned, uncommitted) batch, if there is one."""
+        """The plan of the pending (planned, uncommitted) batch, if there is one.
+
+        :raises CheckpointStoreCorruptError: the head names a plan that is not in the table, or
+            its items do not parse (:meth:`parse_chunks`).
+        """
         head = head or self.head()
         if head.pending_batch_id is None or head.pending_plan_owner is None:
             return None
-        data = self._read_chunks(head.pending_batch_id, "PLAN", head.pending_plan_owner)
-        if data is None:
-            raise RuntimeError(f"pending batch {head.pending_batch_id} has no stored plan")
-        return BatchPlan.from_dict(data)
+        plan = self._read_batch(head.pending_batch_id, "PLAN", head.pending_plan_owner, pending=True)
+        if plan is None:
+            prefix = self._prefix(head.pending_batch_id, "PLAN", head.pending_plan_owner)
+            raise self._missing(
+                "pending_plan_owner", f"pending batch {head.pending_batch_id} has no stored plan (no item with sk {prefix}00000)",
+                fix=FIX_PENDING,
+            )  # fmt: skip
+        return plan  # type: ignore[no-any-return]
 
     def pending_report(self, head: Head | None = None) -> list[ShardReport] | None:
-        """The recorded job report of the pending batch, if its output was written."""
+        """The recorded job report of the pending batch, if its output was written.
+
+        :raises CheckpointStoreCorruptError: its items do not parse (:meth:`parse_chunks`).
+        """
         head = head or self.head()
         if head.pending_batch_id is None or head.pending_report_owner is None:
             return None
-        data = self._read_chunks(head.pending_batch_id, "REPORT", head.pending_report_owner)
-        return None if data is None else [ShardReport.from_dict(r) for r in data]
+        return self._read_batch(head.pending_batch_id, "REPORT", head.pending_report_owner, pending=True)  # type: ignore[no-any-return]
 
     def committed_report(self, head: Head | None = None) -> list[ShardReport] | None:
         """The job report the last committed batch was committed with (``None``: committed
-        without a job, or no batch committed yet)."""
+        without a job, or no batch committed yet).
+
+        :raises CheckpointStoreCorruptError: its items do not parse (:meth:`parse_chunks`).
+        """
         head = head or self.head()
         if head.committed_batch_id == 0 or head.committed_report_owner is None:
             return None
-        data = self._read_chunks(head.committed_batch_id, "REPORT", head.committed_report_owner)
-        return None if data is None else [ShardReport.from_dict(r) for r in data]
+        return self._read_batch(head.committed_batch_id, "REPORT", head.committed_report_owner, pending=False)  # type: ignore[no-any-return]
 
     # -- state changes (each one conditional update of the head) --------------------------------
 
@@ -987,18 +1481,12 @@ class DynamoDBCheckpointStore:
                 item[TTL_ATTRIBUTE] = {"N": str(expires_at)}
             self.client.put_item(TableName=self.table_name, Item=item)
 
-    def _read_chunks(self, batch_id: int, kind: str, owner: str) -> Any | None:
-        """The payload of one chunked item set (``None``: none written); see :meth:`chunks_request`.
-
-        :raises RuntimeError: when chunks are missing.
-        """
-        return self._query_chunks(self._prefix(batch_id, kind, owner), f"{kind} of batch {batch_id}")
-
-    def _query_chunks(self, prefix: str, what: str) -> Any | None:
+    def _query_items(self, prefix: str) -> list[dict[str, Any]]:
+        """Every item whose sort key starts with ``prefix`` (boto3's ``Query`` paginator)."""
         items: list[dict[str, Any]] = []
         for page in self.client.get_paginator("query").paginate(**self._prefix_request(prefix)):
             items.extend(page.get("Items", []))
-        return join_chunks(items, what)
+        return items
 
     # -- windows (backfill) ----------------------------------------------------------------------
 
@@ -1010,8 +1498,31 @@ class DynamoDBCheckpointStore:
         self._put_chunks(f"WINDOW#{label}#{kind}#{owner}#", payload, expires_at=int(time.time()) + WINDOW_DAYS * 86400)
 
     def read_window(self, label: str, kind: str, owner: str) -> Any | None:
-        """What :meth:`write_window` stored (``None``: nothing)."""
-        return self._query_chunks(f"WINDOW#{label}#{kind}#{owner}#", f"{kind} of window {label}")
+        """What :meth:`write_window` stored, as JSON (``None``: nothing); :meth:`window_plan` and
+        :meth:`window_report` parse it too.
+
+        :raises CheckpointStoreCorruptError: a chunk is missing, repeated or malformed, or the
+            joined text is not JSON.
+        """
+        return self._read_window(label, kind, owner, lambda data: data)
+
+    def window_plan(self, label: str, owner: str) -> BatchPlan | None:
+        """The ``PLAN`` :meth:`write_window` stored for window ``label`` (``None``: nothing).
+
+        :raises CheckpointStoreCorruptError: its items do not parse (names the item and field).
+        """
+        return self._read_window(label, "PLAN", owner, lambda data: _plan_at(data, None))  # type: ignore[no-any-return]
+
+    def window_report(self, label: str, owner: str) -> list[ShardReport] | None:
+        """The ``REPORT`` :meth:`write_window` stored for window ``label`` (``None``: nothing).
+
+        :raises CheckpointStoreCorruptError: its items do not parse (names the item and field).
+        """
+        return self._read_window(label, "REPORT", owner, _reports_at)  # type: ignore[no-any-return]
+
+    def _read_window(self, label: str, kind: str, owner: str, parse: Callable[[Any], Any]) -> Any | None:
+        prefix = f"WINDOW#{label}#{kind}#{owner}#"
+        return self._load(self._query_items(prefix), prefix, f"the {_KIND_WORDS[kind]} of window {label}", FIX_WINDOW, parse)
 
     def _expire_old_batches(self, committed_batch_id: int) -> int:
         """Mark the chunk items of every batch ``<= committed_batch_id - keep_batches`` to expire.

@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_kinesis_spark.core.admin import discard_pending, rewind
 from airflow_kinesis_spark.core.consumers import deregister_stream_consumer
 from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS
-from airflow_kinesis_spark.exceptions import CheckpointConflictError
+from airflow_kinesis_spark.exceptions import CheckpointConflictError, CheckpointStoreCorruptError
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 
 __all__ = ["KinesisCheckpointRewindOperator", "KinesisDiscardPendingBatchOperator", "KinesisDeregisterStreamConsumerOperator"]
@@ -43,7 +43,8 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
     :param lease_seconds: the consumer's lease (seconds), its ``KinesisToSparkOperator``'s
         ``lease_seconds``: a pending batch with a more recent heartbeat is left alone.
     :returns: (XCom) see :func:`airflow_kinesis_spark.core.admin.rewind`.
-    :raises AirflowFailException: a batch is pending or another writer moved first (no retry).
+    :raises AirflowFailException: a batch is pending, another writer moved first, or an item of the
+        checkpoint table is corrupt (``CheckpointStoreCorruptError``); no retry.
     :raises BatchLeaseHeldError: a live run holds the pending batch (retryable).
     """
 
@@ -84,7 +85,7 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
         try:
             result = rewind(self.kinesis_hook.conn, store, self.to, dry_run=self.dry_run, discard_pending=self.discard_pending,
                             output_path=self.output_path or None, owner=owner, lease_seconds=self.lease_seconds)  # fmt: skip
-        except CheckpointConflictError as err:
+        except (CheckpointConflictError, CheckpointStoreCorruptError) as err:
             raise AirflowFailException(str(err)) from err
         verb = "would set" if self.dry_run else "set"
         for shard_id, change in result["shards"].items():
@@ -118,7 +119,9 @@ class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
     :param lease_seconds: the consumer's lease (seconds), its ``KinesisToSparkOperator``'s
         ``lease_seconds``: a pending batch with a more recent heartbeat belongs to a live run.
     :returns: (XCom) see :func:`airflow_kinesis_spark.core.admin.discard_pending`.
-    :raises AirflowFailException: another writer moved first (no retry).
+    :raises AirflowFailException: another writer moved first, or an item of the checkpoint table
+        is corrupt (``CheckpointStoreCorruptError``; a corrupt plan of the pending batch is not:
+        the batch is discarded without it); no retry.
     :raises BatchLeaseHeldError: a live run holds the pending batch (retryable).
     """
 
@@ -155,7 +158,7 @@ class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
         try:
             result = discard_pending(store, output_path=self.output_path or None, dry_run=self.dry_run, owner=owner,
                                      lease_seconds=self.lease_seconds)  # fmt: skip
-        except CheckpointConflictError as err:
+        except (CheckpointConflictError, CheckpointStoreCorruptError) as err:
             raise AirflowFailException(str(err)) from err
         if result["discarded_batch_id"] is None:
             self.log.info("Consumer %s has no pending batch (committed batch %s): nothing to discard",

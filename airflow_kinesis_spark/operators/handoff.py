@@ -11,6 +11,7 @@ from airflow_kinesis_spark.core.job import handed_batch_state
 from airflow_kinesis_spark.core.protocol import commit_handed
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
+    CheckpointStoreCorruptError,
     PlanBindingError,
     ReportNotRecordedError,
     ReportValidationError,
@@ -31,13 +32,15 @@ def commit_or_raise(
     :param plan_digest: the digest of the plan the planning run checked (refused if the stored
         plan has another: ``PlanBindingError``).
     :raises AirflowFailException: (no retry) another run took the batch over or moved on, the
-        recorded report does not match the plan, or the stored plan is not the checked one.
+        recorded report does not match the plan, the stored plan is not the checked one, or an
+        item of the checkpoint table is corrupt (``CheckpointStoreCorruptError``).
     :raises ReportNotRecordedError: (retryable) no report recorded yet.
     :raises BatchLeaseHeldError: (retryable) a driver of the batch still holds its lease.
     """
     try:
         return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused, sink=sink, plan_digest=plan_digest)
-    except (CheckpointConflictError, ReportValidationError, TableCommitError, PlanBindingError) as err:
+    except (CheckpointConflictError, ReportValidationError, TableCommitError, PlanBindingError,
+            CheckpointStoreCorruptError) as err:  # fmt: skip
         raise AirflowFailException(str(err)) from err
 
 

@@ -34,6 +34,7 @@ from airflow_kinesis_spark.core.store import DEFAULT_KEEP_BATCHES
 from airflow_kinesis_spark.core.transform import check_transform_spec, parse_allowed_modules, resolve_transform
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
+    CheckpointStoreCorruptError,
     DataLossError,
     PendingPlanMismatchError,
     PlanBindingError,
@@ -240,7 +241,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
     :raises AirflowFailException: (no retry) another run of this consumer moved the checkpoints
         (from :class:`CheckpointConflictError`), the job's report does not match the plan (from
-        :class:`ReportValidationError`), or records would be lost (from :class:`DataLossError`).
+        :class:`ReportValidationError`), records would be lost (from :class:`DataLossError`), or an
+        item of the checkpoint table is corrupt (from :class:`CheckpointStoreCorruptError`).
         Nothing is committed.
     :raises RuntimeError: the Spark job failed; the plan stays pending for the next attempt.
     """
@@ -426,9 +428,10 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         try:
             summary = self._run_batch(context)
         except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError, TableCommitError,
-                PlanBindingError) as err:  # fmt: skip
+                PlanBindingError, CheckpointStoreCorruptError) as err:  # fmt: skip
             # A retry cannot help: another writer won, the job disagrees with its plan, records
-            # would be lost, or the batch's files do not fit the table. Fail without retries; nothing was committed.
+            # would be lost, the batch's files do not fit the table, or an item of the checkpoint
+            # table is corrupt. Fail without retries; nothing was committed.
             raise AirflowFailException(str(err)) from err
         self._publish(context, summary)
         return summary

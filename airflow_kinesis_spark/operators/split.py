@@ -38,6 +38,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, prepare_incremental
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
+    CheckpointStoreCorruptError,
     DataLossError,
     PendingPlanMismatchError,
     PlanBindingError,
@@ -84,7 +85,7 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
         and ``summary`` (the batch summary when no job is needed, else ``None``).
     :raises TypeError: a Spark argument was given.
     :raises AirflowFailException: as :class:`KinesisToSparkOperator` (conflict, data loss, a
-        pending plan that is not this task's).
+        pending plan that is not this task's, a corrupt item of the checkpoint table).
     """
 
     ui_color = "#fbd7a8"
@@ -104,7 +105,7 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
         try:
             prepared = prepare_incremental(self.kinesis_hook.conn, store, self._settings(context), owner)
         except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError, TableCommitError,
-                PlanBindingError) as err:  # fmt: skip
+                PlanBindingError, CheckpointStoreCorruptError) as err:  # fmt: skip
             raise AirflowFailException(str(err)) from err
         ti = context.get("ti")
         if prepared.summary is not None:

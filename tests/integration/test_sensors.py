@@ -13,6 +13,7 @@ from airflow_kinesis_spark.core.planner import plan_incremental, validate_report
 from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.exceptions import CheckpointStoreCorruptError
 from airflow_kinesis_spark.sensors.kinesis import (
     KinesisReshardingSensor,
     KinesisRetentionGuardSensor,
@@ -149,10 +150,11 @@ def test_sync_and_async_fail_alike_when_the_committed_checkpoints_are_missing(aw
     assert chunks
     for item in chunks:
         dynamodb.delete_item(TableName=store.table_name, Key={"pk": item["pk"], "sk": item["sk"]})
-    with pytest.raises(RuntimeError, match="the checkpoints of committed batch 1 are missing"):
+    with pytest.raises(CheckpointStoreCorruptError, match="the checkpoints of committed batch 1 are missing"):
         KinesisShardLagSensor(**sensor_args(unique_name)).poke({})
     event = first_event(KinesisShardLagSensor(**sensor_args(unique_name, poke_interval=1)).trigger())
-    assert event["status"] == "error" and "the checkpoints of committed batch 1 are missing" in event["message"]
+    assert event["status"] == "error" and event["message"].startswith("CheckpointStoreCorruptError: ")
+    assert "the checkpoints of committed batch 1 are missing" in event["message"]
 
 
 TRIGGERS = [
