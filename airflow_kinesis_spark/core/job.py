@@ -349,13 +349,12 @@ def run_handed_window(
 
     assert args.window, "not a window's arguments"
     writer = writer or writer_id(args.lease_owner, "driver")
-    data = store.read_window(args.window, "PLAN", args.lease_owner)
-    if data is None:
+    plan = store.window_plan(args.window, args.lease_owner)
+    if plan is None:
         raise ReportNotRecordedError(
             f"no plan of window {args.window} stored by {args.lease_owner} in checkpoint table {args.checkpoint_table!r}: "
             "these job arguments belong to another run, or its items expired. Nothing was read or written."
         )
-    plan = BatchPlan.from_dict(data)
     check_bound_plan(plan, args, bound_output_location(plan, args))
     result, reports = _write_and_publish(plan, writer, write, publish, discard, check=lambda r: validate_window_report(plan, r))
     store.write_window(args.window, "REPORT", args.lease_owner, [r.to_dict() for r in reports])

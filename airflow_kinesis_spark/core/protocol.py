@@ -168,6 +168,8 @@ class Sink(Protocol):
 
     def check_written(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
 
+    def check_schema(self, transform: str | None) -> None: ...
+
     def after_checkpoint_commit(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
 
     def repair(self, store: Any, head: Any) -> None: ...
@@ -440,6 +442,7 @@ def prepare_incremental(
     if settings.sink is not None:
         # Before anything is read or repaired: the output is this consumer's, and not ahead of the store.
         settings.sink.check_output(settings.stream_name, settings.consumer_name, store, head, plan)
+        settings.sink.check_schema(settings.transform)
         settings.sink.repair(store, head)
     if plan is not None:
         check_pending_plan(plan, head, store, settings)
@@ -1231,8 +1234,8 @@ def _run_handed_window(
         plan_digest=plan.digest(), output_root=output_root,
     )  # fmt: skip
     job.run_handed(arguments, output_location=plan.output_location)
-    data = store.read_window(label, "REPORT", owner)
-    if data is None:
+    reports = store.window_report(label, owner)
+    if reports is None:
         raise ReportNotRecordedError(f"The Spark job of window {label} ended without storing its report in checkpoint table "
                                      f"{store.table_name!r}. A re-run reads the same window and overwrites its output.")  # fmt: skip
-    return [ShardReport.from_dict(r) for r in data]
+    return reports

@@ -254,6 +254,41 @@ class Sink:
 
             claim_output(self.output_path, self.owner(stream_name, consumer_name), self.storage_options, record=record)
 
+    def table_schema(self) -> Any:
+        """The table's schema as a ``pyarrow.Schema`` (``None``: no table yet, or no table format)."""
+        return None
+
+    def check_schema(self, transform: str | None) -> None:
+        """Before planning: without a transform the job's columns are known (the output schema,
+        ``core.schema.OUTPUT_COLUMNS``, and the derived columns of :meth:`output_spec`), so a table
+        that would refuse them is found before any Spark job, as the table commit would find it.
+        With a transform the columns are known only once Spark ran it: the table commit checks them.
+
+        :raises TableCommitError: naming the columns (the same rules as the table commit,
+            ``schema_evolution`` included).
+        """
+        table = self.table_schema() if not transform else None
+        if table is None:
+            return
+        import pyarrow as pa
+
+        from airflow_kinesis_spark.core.schema import arrow_schema, schema_changes
+        from airflow_kinesis_spark.exceptions import TableCommitError
+
+        derived = {"date": pa.date32()}
+        batch = arrow_schema()
+        for name, kind, _ in self.output_spec().derived:
+            batch = batch.append(pa.field(name, derived.get(kind, pa.string())))
+        added, changed = schema_changes(table, batch, ignore=tuple(f.name for f in self.output_spec().partition))
+        if changed or (added and self.schema_evolution != "add_columns"):
+            problems = changed + [f"{f.name} {f.type}: not in the table" for f in added]
+            raise TableCommitError(
+                f"The batch's columns do not fit table {self.table}: {'; '.join(problems)}. Nothing was read or written. "
+                "The table was made for other data: write to a new table, set schema_evolution='add_columns' for new "
+                "columns, or give a transform that produces the table's columns (docs/output.md, schema changes).",
+                table=self.table, changed=problems,
+            )  # fmt: skip
+
     def check_written(self, plan: Any, reports: Sequence[Any]) -> None:
         """Before the table and checkpoint commits of a batch with records: its reports agree with
         the files published at its output location (:func:`~airflow_kinesis_spark.sinks.verify.check_written`);

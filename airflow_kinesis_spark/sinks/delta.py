@@ -129,6 +129,12 @@ class DeltaSink(Sink):
         except TableNotFoundError:
             return None
 
+    def table_schema(self) -> Any:
+        import pyarrow as pa
+
+        table = self.load()
+        return pa.schema(table.schema().to_arrow()) if table is not None else None
+
     def latest_batch(self, stream_name: str, consumer_name: str, committed_batch_id: int) -> BatchMark | None:
         """The version of (stream, consumer)'s transaction (``DeltaTable.transaction_version``),
         with its plan's creation time from the commit that set it (searched in the last

@@ -141,6 +141,10 @@ class IcebergSink(Sink):
                       SUMMARY_PLAN: plan_marker(plan)}  # fmt: skip
         return self._commit(plan, properties, lambda table: self._batch_snapshot(table, plan))
 
+    def table_schema(self) -> Any:
+        table = self.load()
+        return table.schema().as_arrow() if table is not None else None
+
     def latest_batch(self, stream_name: str, consumer_name: str, committed_batch_id: int) -> BatchMark | None:
         """The newest batch of (stream, consumer) in the table's snapshot summaries.
 

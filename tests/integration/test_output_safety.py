@@ -241,3 +241,34 @@ def test_a_window_ahead_of_the_consumer_fails_and_one_within_it_adds_no_row_twic
         assert_intact(output_format, output, tmp_path, unique_name, produced + later)
     else:
         assert_intact("parquet", output, tmp_path, unique_name, produced + later)
+
+
+@pytest.mark.parametrize("output_format", ["iceberg", "delta"])
+def test_a_table_that_would_refuse_the_batchs_columns_fails_before_planning(output_format, kinesis, dynamodb, tmp_path, unique_name):
+    """No transform: the job's columns are known, so a table made for other data (here: ``data``
+    a string, ``country`` required by nobody) is refused before anything is planned or read."""
+    from deltalake import write_deltalake
+
+    from airflow_kinesis_spark.core.protocol import IncrementalSettings, prepare_incremental
+    from airflow_kinesis_spark.exceptions import TableCommitError
+    from airflow_kinesis_spark.sinks import build_sink
+
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"v")])
+    output = tmp_path / "out"
+    other = pa.table({"stream_name": ["s"], "data": ["not bytes"]})
+    if output_format == "delta":
+        write_deltalake(str(output), other)
+        sink = build_sink("delta", str(output), stream_name=unique_name, consumer_name="lake")
+    else:
+        sink = build_sink("iceberg", str(output), table=f"lake.{unique_name}", catalog_properties=catalog(tmp_path),
+                          stream_name=unique_name, consumer_name="lake")  # fmt: skip
+        sink.catalog().create_namespace_if_not_exists("lake")
+        sink.catalog().create_table(f"lake.{unique_name}", schema=other.schema)
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    store.ensure_table()
+    settings = IncrementalSettings(stream_name=unique_name, consumer_name="lake", output_root=sink.batch_root,
+                                   cutoff=datetime.now(timezone.utc), sink=sink)  # fmt: skip
+    with pytest.raises(TableCommitError, match="data: table has string, batch has binary"):
+        prepare_incremental(kinesis, store, settings, "run")
+    assert store.head().pending_batch_id is None
