@@ -272,22 +272,46 @@ class Sink:
             return
         import pyarrow as pa
 
-        from airflow_kinesis_spark.core.schema import arrow_schema, schema_changes
-        from airflow_kinesis_spark.exceptions import TableCommitError
+        from airflow_kinesis_spark.core.schema import arrow_schema
 
         derived = {"date": pa.date32()}
         batch = arrow_schema()
         for name, kind, _ in self.output_spec().derived:
             batch = batch.append(pa.field(name, derived.get(kind, pa.string())))
-        added, changed = schema_changes(table, batch, ignore=tuple(f.name for f in self.output_spec().partition))
-        if changed or (added and self.schema_evolution != "add_columns"):
-            problems = changed + [f"{f.name} {f.type}: not in the table" for f in added]
+        self.columns_to_add(table, batch, "the batches (no transform)", planning=True)
+
+    def columns_to_add(self, table_schema: Any, batch_schema: Any, what: str, *, planning: bool = False) -> list[Any]:
+        """The batch's columns the table lacks, to add with ``schema_evolution="add_columns"``
+        (``core.schema.schema_changes``; partition folder columns ignored): one rule for the
+        table commit of both formats and the check before planning.
+
+        :param what: the batch or window, for messages.
+        :returns: the fields to add (nullable), ``[]`` when the columns fit.
+        :raises TableCommitError: a column's type differs, or new columns without
+            ``add_columns``; naming each column. Nothing committed.
+        """
+        from airflow_kinesis_spark.core.schema import schema_changes
+        from airflow_kinesis_spark.exceptions import TableCommitError
+
+        added, changed = schema_changes(table_schema, batch_schema, ignore=tuple(f.name for f in self.output_spec().partition))
+        outcome = "Nothing was read or written." if planning else "Nothing was committed (the batch stays pending)."
+        if changed:
             raise TableCommitError(
-                f"The batch's columns do not fit table {self.table}: {'; '.join(problems)}. Nothing was read or written. "
-                "The table was made for other data: write to a new table, set schema_evolution='add_columns' for new "
-                "columns, or give a transform that produces the table's columns (docs/output.md, schema changes).",
-                table=self.table, changed=problems,
+                f"{what}'s columns do not fit table {self.table}: {'; '.join(changed)}. {outcome} A column's type cannot change "
+                "in place: cast it in the transform, or write to a new table (docs/output.md, schema changes).",
+                table=self.table, changed=changed,
             )  # fmt: skip
+        names = [f"{f.name} {f.type}" for f in added]
+        if added and self.schema_evolution != "add_columns":
+            raise TableCommitError(
+                f"{what} has columns table {self.table} does not hold: {', '.join(names)}. {outcome} Set "
+                "schema_evolution='add_columns' to add them as nullable columns with the batch's commit, add them yourself "
+                "(ALTER TABLE ... ADD COLUMN), or drop them in the transform.",
+                table=self.table, added=names,
+            )  # fmt: skip
+        import pyarrow as pa
+
+        return [pa.field(f.name, f.type, nullable=True) for f in added]
 
     def check_written(self, plan: Any, reports: Sequence[Any]) -> None:
         """Before the table and checkpoint commits of a batch with records: its reports agree with

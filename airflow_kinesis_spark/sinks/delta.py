@@ -374,28 +374,12 @@ class DeltaSink(Sink):
         import pyarrow as pa
         from deltalake import CommitProperties, Field
 
-        from airflow_kinesis_spark.core.schema import schema_changes
-
-        added, changed = schema_changes(pa.schema(table.schema().to_arrow()), schema)
         what = f"batch {plan.batch_id}" if plan.mode == "incremental" else "the window"
-        if changed:
-            raise TableCommitError(
-                f"{what}'s columns do not fit Delta table {self.uri}: {'; '.join(changed)}. Nothing was committed (the "
-                "batch stays pending). A column's type cannot change in place: cast it in the transform, or write to a new "
-                "table (docs/output.md, schema changes).",
-                table=self.uri, changed=changed,
-            )  # fmt: skip
+        added = self.columns_to_add(pa.schema(table.schema().to_arrow()), schema, what)
         if not added:
             return
         names = [f"{f.name} {f.type}" for f in added]
-        if self.schema_evolution != "add_columns":
-            raise TableCommitError(
-                f"{what} has columns Delta table {self.uri} does not hold: {', '.join(names)}. Nothing was committed (the "
-                "batch stays pending). Set schema_evolution='add_columns' to add them as nullable columns in the batch's "
-                "commit, add them yourself (ALTER TABLE ... ADD COLUMNS), or drop them in the transform.",
-                table=self.uri, added=names,
-            )  # fmt: skip
-        table.alter.add_columns([Field.from_arrow(pa.field(f.name, f.type, nullable=True)) for f in added],
+        table.alter.add_columns([Field.from_arrow(f) for f in added],
                                 commit_properties=CommitProperties(custom_metadata={
                                     "kinesis-spark.stream": stream_name_of(plan.stream_name),
                                     "kinesis-spark.consumer": plan.consumer_name, "kinesis-spark.schema-evolution": "add_columns"}))  # fmt: skip

@@ -360,29 +360,13 @@ class IcebergSink(Sink):
         """
         import pyarrow as pa
 
-        from airflow_kinesis_spark.core.schema import schema_changes
-
-        added, changed = schema_changes(table.schema().as_arrow(), schema, ignore=tuple(f.name for f in self.partition))
         what = f"batch {plan.batch_id}" if plan.mode == "incremental" else "the window"
-        if changed:
-            raise TableCommitError(
-                f"{what}'s columns do not fit table {self.identifier}: {'; '.join(changed)}. Nothing was committed (the batch "
-                "stays pending). A column's type cannot change in place: cast it in the transform, or write to a new table "
-                "(docs/output.md, schema changes).",
-                table=self.identifier, changed=changed,
-            )  # fmt: skip
+        added = self.columns_to_add(table.schema().as_arrow(), schema, what)
         if not added:
             return
         names = [f"{f.name} {f.type}" for f in added]
-        if self.schema_evolution != "add_columns":
-            raise TableCommitError(
-                f"{what} has columns table {self.identifier} does not hold: {', '.join(names)}. Nothing was committed (the "
-                "batch stays pending). Set schema_evolution='add_columns' to add them as optional columns in the batch's "
-                "commit, add them yourself (ALTER TABLE ... ADD COLUMN), or drop them in the transform.",
-                table=self.identifier, added=names,
-            )  # fmt: skip
         with tx.update_schema() as update:
-            update.union_by_name(pa.schema([pa.field(f.name, f.type, nullable=True) for f in added]))
+            update.union_by_name(pa.schema(added))
         log.warning("table %s: adding optional columns %s with %s (schema_evolution='add_columns')", self.identifier, names, what)
 
     def _add(self, table: Any, uris: list[str], properties: dict[str, str], before_add: Any, schema: Any, plan: Any) -> Any:
