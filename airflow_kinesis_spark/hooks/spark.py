@@ -114,9 +114,9 @@ DEFAULT_UNRESPONSIVE_TIMEOUT = 60.0
 #: Seconds between two checks that the server answers while a job runs, and the longest a check
 #: waits (less when ``unresponsive_timeout`` is short: a third of it).
 SERVER_CHECK_INTERVAL = 5.0
-#: ``spark_connect`` connection extra: a secret (string) that keys the reusable session ids, shared
-#: by the workers that should reuse each other's sessions. Without it, each worker keeps its own
-#: secret in :func:`worker_secret_path`.
+#: ``spark_connect`` connection extra: a secret (string) that keys the reusable session ids
+#: (``spark_connect_reuse_session=True``), shared by the workers that should reuse each other's
+#: sessions. Without it, each worker keeps its own secret in :func:`worker_secret_path`.
 SESSION_SECRET_EXTRA = "session_secret"
 #: ``spark_connect`` connection extra that allows sending credentials to a non-loopback server
 #: over plaintext gRPC (only for a network you trust: anyone on the path can read them).
@@ -142,10 +142,6 @@ def validate_job_credentials(value: str) -> str:
     if value not in JOB_CREDENTIALS:
         raise ValueError(f"job_credentials must be one of {', '.join(JOB_CREDENTIALS)}; got {value!r}")
     return value
-
-
-#: Session conf holding the digest of the artifacts a reused Spark Connect session already has.
-ARTIFACTS_CONF = "spark.airflow_kinesis_spark.artifacts_sha256"
 
 
 def _shipped_file(name: str) -> str:
@@ -384,8 +380,14 @@ class SparkJobSettings:
     :param read_options: the readers' settings.
     :param spark_conf: extra Spark conf (spark-submit ``--conf``).
     :param py_files: extra ``--py-files`` / Connect artifacts (comma-separated).
+    :param transform_allowed_modules: the module prefixes ``transform`` may come from (the
+        provider's ``[kinesis_spark] transform_allowed_modules``; ``()``: any module outside the
+        standard library). The job checks the module that defines the function against them too.
     :param reuse_connect_session: over Spark Connect, keep one server session per consumer across
-        batches (its id keyed by this worker's secret, see :func:`connect_session_id`).
+        batches (its id keyed by this worker's secret, see :func:`connect_session_id`) instead of
+        a session of the batch's own, released when it ends. Off by default: a kept session can
+        be joined between batches by any client that can reach the server (see
+        :class:`SparkConnectJob`).
     :param job_credentials: what AWS credentials the job gets (:data:`JOB_CREDENTIALS`):
         ``scoped`` (default: temporary, limited to reading the stream), ``connection`` (the
         connection's own) or ``none`` (the cluster's own role).
@@ -399,7 +401,8 @@ class SparkJobSettings:
     transform: str | None = None
     spark_conf: dict[str, Any] = field(default_factory=dict)
     py_files: str | None = None
-    reuse_connect_session: bool = True
+    transform_allowed_modules: tuple[str, ...] = ()
+    reuse_connect_session: bool = False
     job_credentials: str = "scoped"
     checkpoint_hook: Any = None
 
@@ -616,6 +619,8 @@ class SparkSubmitJob:
         args = list(args)
         if s.transform:
             args += ["--transform", s.transform]
+            if s.transform_allowed_modules:  # the job checks the module defining the function too
+                args += ["--transform-allowed-modules", ",".join(s.transform_allowed_modules)]
         py_files = ",".join(p for p in (core, s.py_files) if p)
         name = f"kinesis-batch-{stream_name}-{consumer_name}-{batch_id}"
         from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
@@ -690,7 +695,8 @@ def check_spark_connect(url: str, conn_id: str) -> None:
         raise EndpointUnreachableError(
             f"Cannot reach the Spark Connect server of spark_connect connection {conn_id!r} at {endpoint} "
             f"within {CONNECT_READY_TIMEOUT:g} s. Check the connection's host, port and use_ssl, and that the "
-            "server runs and this machine can reach it.",
+            "server runs and this machine can reach it. With a token (the connection's password) PySpark opens a "
+            "TLS channel to any host but one named 'localhost'.",
             service="Spark Connect", endpoint=endpoint, source=f"spark_connect connection {conn_id!r}",
         ) from None  # fmt: skip
     finally:
@@ -802,12 +808,15 @@ def session_secret(configured: str | None = None) -> bytes:
 
 
 def connect_session_id(secret: bytes, scope: str, stream_name: str, consumer_name: str, artifacts: str = "") -> str:
-    """The reusable Spark Connect session id of a consumer: a UUID from HMAC-SHA256 keyed by
-    ``secret`` over scope, stream, consumer and the digest of the artifacts the session holds
-    (:func:`artifacts_digest`). Without the secret it cannot be derived, so no other client can
-    pre-create or join the session (the server accepts any id a client names). Another package
-    version (an upgrade) gets another session: a session's artifacts cannot be replaced under the
-    same name (``ARTIFACT_ALREADY_EXISTS``), and the old session ends with the server's idle timeout."""
+    """The reusable Spark Connect session id of a consumer (``spark_connect_reuse_session=True``):
+    a UUID from HMAC-SHA256 keyed by ``secret`` over scope, stream, consumer and the digest of the
+    artifacts the session holds (:func:`artifacts_digest`). Without the secret it cannot be
+    derived, so no other client can create the session before the consumer does (the server
+    accepts any id a client names) and plant code in it. It does not keep the session from being
+    joined: the server shows the ids of its sessions, with their user ids, in its event log and
+    its UI's Connect tab. Another package version (an upgrade) gets another session: a session's
+    artifacts cannot be replaced under the same name (``ARTIFACT_ALREADY_EXISTS``), and the old
+    session ends with the server's idle timeout."""
     digest = hmac.new(secret, f"{scope}/{stream_name}/{consumer_name}/{artifacts}".encode(), hashlib.sha256).digest()
     return str(uuid.UUID(bytes=digest[:16], version=4))
 
@@ -829,12 +838,26 @@ class SparkConnectJob:
     is undone after the run, so a later spark-submit from this process is not affected.
 
     Credentials go to the server only over TLS (or to a loopback server), see
-    :func:`check_connect_transport`. With ``reuse_connect_session`` the session id is keyed by a
-    secret (:func:`connect_session_id`): no other client can guess it, so none can pre-create or
-    join it to plant an artifact; and the session is not released when the run ends: the next batch of this consumer finds its
-    artifacts and warm Python workers on the server (the artifacts' digest is kept in the
-    session's conf). A session the server no longer accepts (expired, released, or holding other
-    artifacts) is left to the server and this run uses a new one, released at its end.
+    :func:`check_connect_transport`; the connection's token (its password) and ``use_ssl`` reach
+    PySpark in the URL (``sc://host:port/;token=...;use_ssl=true``), for a server that checks a
+    token (Spark 4's ``spark.connect.authenticate.token``, a managed service's session token, an
+    authenticating proxy).
+
+    Each batch runs in a session of its own: a random id, nothing set in its conf that tells it
+    from another client's session, released when the run ends (``SparkSession.stop()``, which
+    sends ``ReleaseSession``; the server then refuses the id, ``SESSION_CLOSED``). So no client
+    of the server can join a batch's session after the batch, or plant code in its Python
+    workers for the next batch. A client that learns the session's id and user id while the
+    batch runs (the server's event log and UI show both) can join it then: the server binds a
+    session to the ids a client names, not to whom it authenticated (see docs/security.md).
+
+    With ``reuse_connect_session`` (opt-in) the session is kept for the consumer's next batch
+    instead, under an id keyed by a secret (:func:`connect_session_id`): no other client can
+    create it first, but any client that reads its id from the server can join it between
+    batches, and what it plants in the session's warm Python workers runs in the next batches.
+    The artifacts are added again each batch (the server keeps an identical file it already has),
+    so no state about the session is kept in its conf. A session the server no longer accepts
+    (expired, released) is left to the server and this run uses a new one, released at its end.
 
     A server that stops answering while the job runs (killed, frozen, unreachable) is given up
     after the connection's extra ``unresponsive_timeout`` seconds without an answer (default
@@ -872,7 +895,7 @@ class SparkConnectJob:
 
         s = self.settings
         job = _load_job_module()
-        transform = resolve_transform(s.transform) if s.transform else None
+        transform = resolve_transform(s.transform, s.transform_allowed_modules) if s.transform else None
         connect_hook = SparkConnectHook(conn_id=s.spark_conn_id)
         url = connect_hook.get_connection_url()
         extra = connect_hook.get_connection(s.spark_conn_id).extra_dejson
@@ -985,10 +1008,11 @@ class SparkConnectJob:
             try:
                 spark = self._connect(with_session_id(url, session_id))
                 spark.release_session_on_close = False
-                if spark.conf.get(ARTIFACTS_CONF, None) != digest:  # not uploaded to this session yet
-                    for artifact in artifacts:
-                        spark.addArtifacts(artifact, pyfile=True)
-                    spark.conf.set(ARTIFACTS_CONF, digest)
+                # Added each batch, whether the session has them or not: the server keeps a file it
+                # already has with the same contents (the id is keyed by their digest, so it has no
+                # other), and nothing in the session's conf marks it as this provider's.
+                for artifact in artifacts:
+                    spark.addArtifacts(artifact, pyfile=True)
                 return spark
             except Exception as err:  # noqa: BLE001 - any refusal: fall back to a new session
                 log.info("The consumer's Spark Connect session is not reusable (%s); starting a new one", err)
@@ -997,8 +1021,9 @@ class SparkConnectJob:
                     # consumer (a window re-run) right now, so it is not released.
                     spark.release_session_on_close = False
                     spark.stop()
-        # A new session: a random id no other client can guess, released at the end of the run.
+        # The batch's own session: a random id, released at the end of the run (stop() in run()).
         spark = self._connect(with_session_id(url, str(uuid.uuid4())))
+        spark.release_session_on_close = True
         for artifact in artifacts:
             spark.addArtifacts(artifact, pyfile=True)
         return spark

@@ -177,11 +177,16 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         same time, one thread per range. ``None``: Spark's default parallelism (at most one task
         per range).
     :param spark_connect_reuse_session: over Spark Connect, keep one server session per
-        consumer across batches (its id an HMAC of stream and consumer names keyed by a secret of
-        this worker or the connection's ``session_secret`` extra: no other client can guess it), so a warm batch
-        pays neither an artifact upload nor a Python worker start. The server drops it after its
-        idle timeout (``spark.connect.session.manager.defaultSessionTimeout``); a session it no
-        longer accepts is replaced by a new one.
+        consumer across batches (default ``False``: each batch runs in a session of its own,
+        released when the batch ends; it starts its Python workers and uploads the package's
+        code, a zip of about 120 KB, again). Kept, its id is an HMAC of stream and consumer names
+        keyed by a secret of this worker or the connection's ``session_secret`` extra, so no other
+        client can create it first; but the server lists its sessions (event log, UI), and any client of
+        the server can join a kept session between batches and run code in the Python workers
+        that read the next batches with their credentials. Opt in only on a server whose every
+        client you trust (docs/security.md). The server drops a kept session after its idle
+        timeout (``spark.connect.session.manager.defaultSessionTimeout``); a session it no longer
+        accepts is replaced by a new one.
     :param lease_seconds: the lease on a pending batch (seconds, default 60): its holder renews
         it every quarter of this; another run may take the batch over (re-using its plan) only
         after it expired, so a retry after a run that died without a word waits up to this long.
@@ -289,7 +294,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         min_call_interval: float = ReadOptions.min_call_interval,
         read_bytes_per_second: float | None = READ_BYTES_PER_SECOND,
         read_tasks: int | None = None,
-        spark_connect_reuse_session: bool = True,
+        spark_connect_reuse_session: bool = False,
         allow_data_loss: bool = False,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         output_asset: bool = True,
@@ -553,7 +558,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         ``spark_conn_id`` connection, chosen when a job is needed)."""
         settings = SparkJobSettings(
             spark_conn_id=self.spark_conn_id, kinesis_hook=self.kinesis_hook, read_options=self.read_options,
-            transform=self.transform, spark_conf=dict(self.spark_conf or {}), py_files=self.spark_py_files,
+            transform=self.transform, transform_allowed_modules=transform_allowed_modules(),
+            spark_conf=dict(self.spark_conf or {}), py_files=self.spark_py_files,
             reuse_connect_session=self.spark_connect_reuse_session, job_credentials=self.job_credentials,
             checkpoint_hook=self.checkpoint_hook if self.checkpoint_table else None,
         )  # fmt: skip

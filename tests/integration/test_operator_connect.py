@@ -91,24 +91,12 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     assert all(TEST_SECRET_KEY.encode() not in blob and TEST_ACCESS_KEY.encode() not in blob for blob in shipped)
     # the process is not left marked as a Spark Connect client (a later spark-submit would fail)
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_REMOTE" not in os.environ
-    # nor does the consumer's reusable server session keep them in its state (its conf)
-    from pyspark.sql import SparkSession
-
-    from airflow_kinesis_spark.hooks.spark import with_session_id
-
-    conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_TEST"])
-    session_id = consumer_session_id(unique_name, "lake")
-    session = SparkSession.builder.remote(with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)).getOrCreate()
-    state = json.dumps(session.conf.getAll)
-    session.stop()
-    for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):  # set by this test's own client
-        os.environ.pop(key, None)
-    assert "spark.airflow_kinesis_spark.artifacts_sha256" in state  # the consumer's session, read back
-    assert TEST_SECRET_KEY not in state and TEST_ACCESS_KEY not in state
 
 
 def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections, kinesis, unique_name, tmp_path, caplog, capfd):
-    """Warm batches re-use one server session per consumer; a session the server dropped is replaced."""
+    """With ``spark_connect_reuse_session=True`` (opt-in) warm batches re-use one server session
+    per consumer, whose conf holds no credential and nothing that names the provider; a session
+    the server dropped is replaced."""
     import logging
 
     from pyspark.sql import SparkSession
@@ -123,6 +111,7 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
         return KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
             output_path=str(output), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+            spark_connect_reuse_session=True,
         ).execute({})  # fmt: skip
 
     put_plain(kinesis, unique_name, [("k", b"one")])
@@ -131,10 +120,19 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
     assert run()["records"] == 1
     logs = caplog.text + "".join(capfd.readouterr())
     assert "Running the Spark job of batch 2" in logs and "not reusable" not in logs
-    # Release the consumer's session as another client could; the next batch must still run.
+    # The kept session, read back: its conf holds no credential and nothing that names the provider.
     session_id = consumer_session_id(unique_name, "lake")
     conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_TEST"])
-    other = SparkSession.builder.remote(with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)).getOrCreate()
+    url = with_session_id(f"sc://{conn['host']}:{conn['port']}", session_id)
+    kept = SparkSession.builder.remote(url).getOrCreate()
+    kept.release_session_on_close = False
+    assert kept.range(1).count() == 1  # a session the server has (a closed one would refuse)
+    state = json.dumps(kept.conf.getAll)
+    kept.stop()
+    assert TEST_SECRET_KEY not in state and TEST_ACCESS_KEY not in state
+    assert "airflow_kinesis_spark" not in state and "artifacts_sha256" not in state
+    # Release the consumer's session as another client could; the next batch must still run.
+    other = SparkSession.builder.remote(url).getOrCreate()
     other.stop()  # releases it on the server
     for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):  # set by this test's own client
         os.environ.pop(key, None)
@@ -146,8 +144,9 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
 
 def test_a_new_package_version_gets_its_own_reusable_session(connections, kinesis, unique_name, tmp_path, caplog, capfd, monkeypatch):
     """After an upgrade (another package zip under the same name) the consumer's batches keep one
-    warm session: a new one for the new version, re-used from then on (before: the old session
-    refused the zip, ARTIFACT_ALREADY_EXISTS, and every batch started a fresh session)."""
+    warm session (``spark_connect_reuse_session=True``): a new one for the new version, re-used
+    from then on (before: the old session refused the zip, ARTIFACT_ALREADY_EXISTS, and every
+    batch started a fresh session)."""
     import logging
     import zipfile
 
@@ -160,6 +159,7 @@ def test_a_new_package_version_gets_its_own_reusable_session(connections, kinesi
         return KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
             output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+            spark_connect_reuse_session=True,
         ).execute({})  # fmt: skip
 
     put_plain(kinesis, unique_name, [("k", b"one")])

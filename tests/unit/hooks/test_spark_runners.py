@@ -11,6 +11,9 @@ import pytest
 from airflow_kinesis_spark.hooks.kinesis import job_session_policy
 from airflow_kinesis_spark.hooks.spark import (
     DEFAULT_UNRESPONSIVE_TIMEOUT,
+    SparkConnectJob,
+    SparkJobSettings,
+    SparkSubmitJob,
     check_connect_transport,
     connect_session_id,
     session_secret,
@@ -89,3 +92,58 @@ def test_the_connect_servers_unresponsive_timeout_is_a_number_of_seconds():
     for bad in (0, -5, "soon", True, float("inf"), float("nan"), [30]):
         with pytest.raises(ValueError, match=r"spark_connect connection 'c': extra 'unresponsive_timeout' must be a number of seconds > 0"):
             unresponsive_timeout({"unresponsive_timeout": bad}, "c")
+
+
+def test_a_connect_session_is_kept_across_batches_only_on_request():
+    assert SparkJobSettings(spark_conn_id="spark_default", kinesis_hook=None).reuse_connect_session is False
+
+
+class _RecordingSubmitHook:
+    """Stands in for ``BatchSparkSubmitHook``: keeps its arguments; a local master."""
+
+    env_goes_on_command_line = False
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self._connection = {"master": "local[*]", "deploy_mode": None}
+
+
+class _RegionOnly:
+    """``job_credentials='none'``: the job's environment names the region only."""
+
+    def spark_environment(self, credentials):
+        assert credentials is None
+        return {"AWS_DEFAULT_REGION": "eu-west-1"}
+
+
+@pytest.mark.parametrize(("transform", "allowed", "expected"), [
+    ("my_co.kinesis.clean:parse", ("my_co.kinesis", "team_b"),
+     ["--transform", "my_co.kinesis.clean:parse", "--transform-allowed-modules", "my_co.kinesis,team_b"]),
+    ("my_co.kinesis.clean:parse", (), ["--transform", "my_co.kinesis.clean:parse"]),
+    (None, ("my_co.kinesis",), []),
+])  # fmt: skip
+def test_spark_submit_gives_the_job_the_transform_allow_list(monkeypatch, tmp_path, transform, allowed, expected):
+    from airflow_kinesis_spark.hooks import spark_submit
+
+    monkeypatch.setattr(spark_submit, "BatchSparkSubmitHook", _RecordingSubmitHook)
+    settings = SparkJobSettings(spark_conn_id="spark_default", kinesis_hook=_RegionOnly(), transform=transform,
+                                transform_allowed_modules=allowed, job_credentials="none")  # fmt: skip
+    hook = SparkSubmitJob(settings)._build_hook(["--batch-id", "7"], str(tmp_path / "core.zip"), "orders", "lake", 7, None, None)
+    assert hook.kwargs["application_args"] == ["--batch-id", "7", *expected]
+
+
+def test_the_connect_runner_checks_the_transform_against_the_allow_list(monkeypatch):
+    from airflow_kinesis_spark.core import transform as transforms
+
+    calls = []
+
+    def resolve(spec, allowed_modules=None):
+        calls.append((spec, allowed_modules))
+        raise LookupError("stopped before any connection")
+
+    monkeypatch.setattr(transforms, "resolve_transform", resolve)
+    settings = SparkJobSettings(spark_conn_id="spark_connect_default", kinesis_hook=None,
+                                transform="my_co.kinesis.clean:parse", transform_allowed_modules=("my_co.kinesis",))  # fmt: skip
+    with pytest.raises(LookupError, match="stopped before any connection"):
+        SparkConnectJob(settings).run(None, records_expected=True)  # type: ignore[arg-type]
+    assert calls == [("my_co.kinesis.clean:parse", ("my_co.kinesis",))]
