@@ -69,8 +69,11 @@ def airflow_records(db_path: Path) -> dict[str, object]:
 
 
 def names_a_file(arguments: list[str]) -> bool:
-    """Whether any job argument is a file or directory on this machine, or a file option."""
-    return any(a.startswith(("--plan-file", "--report-file")) or (a.startswith("/") and Path(a).exists()) for a in arguments)
+    """Whether any job argument is a file or directory on this machine, or a file option. The
+    value of ``--output-root`` is left out: it is the output the DAG author named, where the job
+    writes, not something handed from the plan task to the job."""
+    values = [a for i, a in enumerate(arguments) if i == 0 or arguments[i - 1] != "--output-root"]
+    return any(a.startswith(("--plan-file", "--report-file")) or (a.startswith("/") and Path(a).exists()) for a in values)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -147,6 +147,10 @@ def claim_output(
             if _create(owner_location(output_path), text + "\n", storage_options):
                 log.info("output %s: recorded its owner (%s) in %s", output_path, wanted.describe(), OWNER_FILE)
             found = read_owner(output_path, storage_options)  # read back: another first writer may have won
+    except ValueError as err:  # a scheme the worker's file system library does not read
+        raise ValueError(f"output_path {output_path!r}: the Airflow worker reads and writes the output root too (its owner "
+                         f"record, committed records, table commits) and handles local paths, file:// and s3:// (s3a://, "
+                         f"s3n://) only ({err}). Nothing was read or written.") from err  # fmt: skip
     except OSError as err:
         raise OSError(f"Cannot read or write the owner record {owner_location(output_path)} of output_path {output_path!r}: "
                       f"{err}. Nothing was read or written. Check output_path, and that the connection's credentials "

@@ -22,6 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from airflow.sdk import BaseXCom
 from airflow.sdk.exceptions import TaskDeferred
@@ -162,8 +164,10 @@ def test_the_plan_task_hands_the_job_run_its_batch_and_the_commit_commits_its_re
             records, report = ShardReader(kinesis, batch.stream_name, rng, min_call_interval=0).read_all()
             rows += [[r.shard_id, r.sequence_number, r.sub_sequence_number] for r in records]
             reports.append(report.to_dict())
-        Path(location).mkdir(parents=True)
-        (Path(location) / "part-0.json").write_text(json.dumps(rows))
+        Path(location).mkdir(parents=True)  # Parquet, as the job writes it (the commit checks the report against it)
+        pq.write_table(pa.table({"shard_id": [r[0] for r in rows], "sequence_number": [r[1] for r in rows],
+                                 "sub_sequence_number": pa.array([r[2] for r in rows], pa.int64())}),
+                       Path(location) / "part-0.parquet")  # fmt: skip
         return {"records": len(rows), "reports": reports}
 
     def publish(staging, target):
@@ -187,5 +191,5 @@ def test_the_plan_task_hands_the_job_run_its_batch_and_the_commit_commits_its_re
     summary = commit.execute_complete(context_for(commit, xcoms), event)
     assert summary["status"] == "committed" and summary["batch_id"] == 1 and summary["records"] == len(produced)
     assert store.head().committed_batch_id == 1
-    written = json.loads((output / "batch_id=1" / "part-0.json").read_text())
-    assert sorted(map(tuple, written), key=str) == sorted(((p.shard_id, p.sequence_number, p.sub_sequence_number) for p in produced), key=str)
+    written = zip(*pq.read_table(output / "batch_id=1" / "part-0.parquet").to_pydict().values(), strict=True)
+    assert sorted(written, key=str) == sorted(((p.shard_id, p.sequence_number, p.sub_sequence_number) for p in produced), key=str)

@@ -113,7 +113,7 @@ def test_batches_are_exactly_once_and_leak_no_credentials(
     third = operator(unique_name, output).execute({})
     assert third["status"] == "no_new_records" and third["batch_id"] is None
     assert len(spark_calls) == 2
-    assert sorted(p.name for p in output.iterdir()) == ["_committed", "batch_id=1", "batch_id=2"]
+    assert sorted(p.name for p in output.iterdir()) == ["_committed", "_kinesis_spark_output.json", "batch_id=1", "batch_id=2"]
     assert sorted(p.parent.name for p in (output / "_committed").glob("*/manifest")) == ["batch_id=1", "batch_id=2"]
     assert all((output / f"batch_id={n}" / "_SUCCESS").exists() for n in (1, 2))  # written after each commit
     assert store.head().committed_batch_id == 2
@@ -193,7 +193,8 @@ def test_failed_spark_job_is_rerun_from_the_same_plan(aws_conn, spark_calls, kin
         ({"max_bytes_per_shard": 0}, "max_bytes_per_shard must be a positive integer"),
         ({"transform": "not a transform path"}, "is not of the form 'package.module:function'"),
         ({"transform": "no_such_module_xyz:parse"}, "module 'no_such_module_xyz' does not import"),
-        ({"transform": "json:no_such_function"}, "has no function 'no_such_function'"),
+        ({"transform": "airflow_kinesis_spark.transforms.apache_log:no_such_function"}, "has no function 'no_such_function'"),
+        ({"transform": "json:loads"}, "is in Python's standard library"),
         ({"initial_position": "EARLIEST"}, "initial_position must be one of"),
         ({"consumer_name": "bad consumer!"}, "consumer_name 'bad consumer!' is not valid"),
     ],
@@ -227,11 +228,12 @@ def test_missing_stream_names_stream_region_and_endpoint(aws_conn, moto_endpoint
     assert head.committed_batch_id == 0 and head.pending_batch_id is None
 
 
-def test_spark_failure_on_unwritable_remote_style_path_moves_no_checkpoint(aws_conn, kinesis, dynamodb, tmp_path, unique_name):
-    """A path the operator cannot check up front (a URI scheme Spark has no filesystem for) fails in Spark."""
+def test_an_output_path_the_worker_cannot_read_fails_before_planning(aws_conn, kinesis, dynamodb, tmp_path, unique_name):
+    """A URI scheme the worker has no file system for: the output's owner record (and later its
+    committed records) cannot be read, so the run fails before it plans or starts Spark."""
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"x"), ("k", b"y")])
-    with pytest.raises(RuntimeError, match="The Spark job of batch 1 failed"):
+    with pytest.raises(ValueError, match="handles local paths, file:// and s3://"):
         operator(unique_name, "nosuchfs://bucket/out").execute({})
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tests")
-    assert store.committed_checkpoints() == {} and store.head().pending_batch_id == 1
+    assert store.committed_checkpoints() == {} and store.head().pending_batch_id is None

@@ -51,7 +51,7 @@ def put_batch(s3, bucket: str, batch_id: int, day: int, rows: int) -> None:
 
 
 def plan(bucket: str, batch_id: int) -> SimpleNamespace:
-    return SimpleNamespace(batch_id=batch_id, stream_name="s", consumer_name="c", created_at=CREATED,
+    return SimpleNamespace(batch_id=batch_id, stream_name="s", consumer_name="c", created_at=CREATED, mode="incremental",
                            output_location=f"s3://{bucket}/events/batch_id={batch_id}")  # fmt: skip
 
 
@@ -130,7 +130,7 @@ def test_a_delta_table_on_s3_commits_each_batch_once(moto_endpoint, unique_name)
         body = io.BytesIO()
         pq.write_table(rows, body)
         s3.put_object(Bucket=unique_name, Key=f"delta/batch_id={batch_id}/_p0=2024-01-01/part-0.parquet", Body=body.getvalue())
-        batch = SimpleNamespace(batch_id=batch_id, stream_name="s", consumer_name="c", created_at=CREATED,
+        batch = SimpleNamespace(batch_id=batch_id, stream_name="s", consumer_name="c", created_at=CREATED, mode="incremental",
                                 output_location=f"s3a://{unique_name}/delta/batch_id={batch_id}")  # fmt: skip
         first, again = sink.commit_batch(batch, []), sink.commit_batch(batch, [])
         assert (first.version, first.already_committed, again.version, again.already_committed) == (batch_id - 1, False, batch_id - 1, True)

@@ -254,7 +254,8 @@ def test_the_job_takes_its_batch_from_the_store_under_spark_submit(kinesis, dyna
     plan = BatchPlan.from_dict(_plan(kinesis, unique_name, tmp_path))
     store.begin(plan, "plan-task")
     arguments = JobArguments(checkpoint_table=store.table_name, stream_name=unique_name, consumer_name="c", batch_id=1,
-                             lease_owner="plan-task", lease_seconds=30, records_expected=True, region_name=REGION)  # fmt: skip
+                             lease_owner="plan-task", lease_seconds=30, records_expected=True, region_name=REGION,
+                             plan_digest=plan.digest(), output_root=plan.output_location.rsplit("/", 1)[0])  # fmt: skip
     spark_submit = Path(sys.executable).parent / "spark-submit"
     env = {**os.environ, **_aws_env(moto_endpoint), "AWS_ENDPOINT_URL_DYNAMODB": moto_endpoint,
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}  # fmt: skip
