@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,10 +246,16 @@ def _process_start(pid: int) -> int | None:
         return None
 
 
-def _write_owner(directory: str, pid: int) -> None:
-    """Name process ``pid`` of this host as the user of ``directory`` (:data:`TEMP_DIR_OWNER_FILE`)."""
-    owner = {"host": socket.gethostname(), "pid": pid, "started": _process_start(pid)}
+def _write_owner(directory: str, pid: int, **about: Any) -> None:
+    """Name process ``pid`` of this host as the user of ``directory`` (:data:`TEMP_DIR_OWNER_FILE`),
+    keeping what the file says of the batch (``consumer``, ``batch_id``) unless ``about`` sets it."""
     target = os.path.join(directory, TEMP_DIR_OWNER_FILE)
+    try:
+        with open(target, encoding="utf-8") as fh:
+            kept = {k: v for k, v in json.load(fh).items() if k in ("consumer", "batch_id")}
+    except (OSError, ValueError, AttributeError):
+        kept = {}
+    owner = {**kept, **about, "host": socket.gethostname(), "pid": pid, "started": _process_start(pid)}
     with open(target + ".tmp", "w", encoding="utf-8") as fh:
         json.dump(owner, fh)
     os.replace(target + ".tmp", target)
@@ -277,7 +283,22 @@ def _owner_alive(directory: str) -> bool | None:
     return True
 
 
-def sweep_leftover_temp_dirs(temp_dir: str | None = None, *, max_age: float = TEMP_DIR_MAX_AGE) -> list[str]:
+def _committed_past(directory: str, committed: Mapping[str, int] | None) -> bool:
+    """Whether ``directory``'s owner file names a (stream/consumer, batch id) that ``committed``
+    (``"stream/consumer"`` -> its committed batch id) has committed, or passed."""
+    if not committed:
+        return False
+    try:
+        with open(os.path.join(directory, TEMP_DIR_OWNER_FILE), encoding="utf-8") as fh:
+            owner = json.load(fh)
+        return int(owner["batch_id"]) <= committed[owner["consumer"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def sweep_leftover_temp_dirs(
+    temp_dir: str | None = None, *, max_age: float = TEMP_DIR_MAX_AGE, committed: Mapping[str, int] | None = None
+) -> list[str]:
     """Remove the runners' temporary directories that runs killed with ``SIGKILL`` left behind.
 
     Only directories of ``temp_dir`` (default: :func:`tempfile.gettempdir`) named
@@ -288,6 +309,10 @@ def sweep_leftover_temp_dirs(temp_dir: str | None = None, *, max_age: float = TE
       holds a failed detached job's ``spark-submit.log`` younger than ``max_age``; or
     * its owner cannot be checked (no owner file: directories of earlier versions; another host
       sharing the directory) and nothing in it changed for ``max_age`` seconds.
+
+    A failed detached job's directory also goes, whatever its age, once its consumer has
+    committed its batch or a later one (``committed``: ``"stream/consumer"`` -> committed batch
+    id, as the commit that just succeeded knows it): a later commit is proof nothing can still use it.
 
     A directory whose owner runs is never removed. Errors are logged, never raised.
 
@@ -309,7 +334,8 @@ def sweep_leftover_temp_dirs(temp_dir: str | None = None, *, max_age: float = TE
             if alive:
                 continue
             age = now - max(entry.stat(follow_symlinks=False).st_mtime, _newest_mtime(entry.path))
-            keep_log = alive is False and os.path.exists(os.path.join(entry.path, "spark-submit.log"))
+            keep_log = alive is False and os.path.exists(os.path.join(entry.path, "spark-submit.log")) \
+                and not _committed_past(entry.path, committed)  # fmt: skip
             if (alive is None or keep_log) and age < max_age:
                 continue
             shutil.rmtree(entry.path)
@@ -335,12 +361,22 @@ def _newest_mtime(directory: str) -> float:
     return newest
 
 
-def make_batch_temp_dir(batch_id: int | str, pid: int | None = None) -> str:
+def consumer_key(stream_name: str, consumer_name: str) -> str:
+    """``"{stream}/{consumer}"``: how a temporary directory names its batch's consumer."""
+    return f"{stream_name_of(stream_name)}/{consumer_name}"
+
+
+def make_batch_temp_dir(batch_id: int | str, pid: int | None = None, *, consumer: str | None = None) -> str:
     """A new private temporary directory ``kinesis-batch-<batch_id>-*`` owned by process ``pid``
     (default: this one). The caller removes it; what killed runs left behind is removed when the
-    next run starts (:class:`SparkJob`, :func:`sweep_leftover_temp_dirs`)."""
+    next run starts (:class:`SparkJob`, :func:`sweep_leftover_temp_dirs`).
+
+    :param consumer: ``"stream/consumer"`` of the batch: recorded, so a later commit of the
+        consumer removes a failed job's directory (:func:`sweep_leftover_temp_dirs`).
+    """
     directory = tempfile.mkdtemp(prefix=f"{TEMP_DIR_PREFIX}{batch_id}-")
-    _write_owner(directory, os.getpid() if pid is None else pid)
+    about = {"consumer": consumer, "batch_id": batch_id} if consumer else {}
+    _write_owner(directory, os.getpid() if pid is None else pid, **about)
     return directory
 
 
@@ -518,7 +554,7 @@ class SparkSubmitJob:
         from airflow_kinesis_spark.die_with_parent import SCRUBBED_ENV_PREFIXES
 
         self.check_detachable()
-        tmp = make_batch_temp_dir(arguments.batch_id)
+        tmp = make_batch_temp_dir(arguments.batch_id, consumer=consumer_key(arguments.stream_name, arguments.consumer_name))
         args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
         try:
             hook = self._build_hook(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,

@@ -9,6 +9,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.job import handed_batch_state
 from airflow_kinesis_spark.core.protocol import commit_handed
+from airflow_kinesis_spark.hooks.spark import consumer_key, sweep_leftover_temp_dirs
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
     CheckpointStoreCorruptError,
@@ -38,10 +39,14 @@ def commit_or_raise(
     :raises BatchLeaseHeldError: (retryable) a driver of the batch still holds its lease.
     """
     try:
-        return commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused, sink=sink, plan_digest=plan_digest)
+        summary = commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused, sink=sink, plan_digest=plan_digest)
     except (CheckpointConflictError, ReportValidationError, TableCommitError, PlanBindingError,
             CheckpointStoreCorruptError) as err:  # fmt: skip
         raise AirflowFailException(str(err)) from err
+    # The batch is committed: a failed detached job's directory of it (or of an earlier batch), kept
+    # on this worker for its log, can no longer be of use.
+    sweep_leftover_temp_dirs(committed={consumer_key(store.stream_name, store.consumer_name): batch_id})
+    return summary
 
 
 def handed_event(

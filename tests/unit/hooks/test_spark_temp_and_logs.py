@@ -188,3 +188,19 @@ def test_a_detached_jobs_directory_names_the_detached_process(temp_root):
             import shutil
 
             shutil.rmtree(tmp)
+
+
+def test_a_failed_detached_jobs_directory_goes_once_a_later_commit_of_its_consumer_proves_it_dead(temp_root):
+    """A failed detached job keeps its directory (and spark-submit.log) for a day, to be read;
+    once its consumer committed that batch or a later one, nothing can still use it."""
+    tmp = Path(make_batch_temp_dir(4, consumer="orders/lake"))
+    spark_module._write_owner(str(tmp), dead_pid())  # the detached job, which has failed
+    (tmp / "spark-submit.log").write_text("the failed job's output")
+    other = Path(make_batch_temp_dir(4, consumer="orders/other"))
+    spark_module._write_owner(str(other), dead_pid())
+    (other / "spark-submit.log").write_text("another consumer's failed job")
+
+    assert sweep_leftover_temp_dirs() == [] and tmp.is_dir()  # kept for its log
+    assert sweep_leftover_temp_dirs(committed={"orders/lake": 3}) == [] and tmp.is_dir()  # batch 4 not committed yet
+    assert [Path(p) for p in sweep_leftover_temp_dirs(committed={"orders/lake": 4})] == [tmp]
+    assert other.is_dir()  # another consumer's: its own commits decide
