@@ -550,6 +550,9 @@ class Head:
     committed_report_owner: str | None = None
     #: Epoch milliseconds of the pending batch holder's last heartbeat (its lease).
     pending_heartbeat: int | None = None
+    #: The committed incremental batch's plan creation time (``format_timestamp``; ``None``: a
+    #: rewind, or a commit by a version that did not record it).
+    committed_plan_created_at: str | None = None
 
     @classmethod
     def from_item(cls, item: Mapping[str, Any] | None, *, table_name: str | None = None) -> Head:
@@ -582,6 +585,7 @@ class Head:
                 committed_plan_owner=text("committed_plan_owner"),
                 committed_report_owner=text("committed_report_owner"),
                 pending_heartbeat=num("pending_heartbeat", 0),
+                committed_plan_created_at=text("committed_plan_created_at"),
             )
         except _Malformed as bad:
             raise CheckpointStoreCorruptError.for_item(
@@ -1356,13 +1360,18 @@ class DynamoDBCheckpointStore:
         if head.pending_report_owner:
             report_set, report_remove = ", committed_report_owner = :ro", ""
             report_value = {":ro": {"S": head.pending_report_owner}}
+        # The committed plan's creation time, for the output checks before each run (a batch of the
+        # same id written by another checkpoint history), without reading the plan's chunks.
+        plan_set, plan_remove, plan_value = ", committed_plan_created_at = :pc", "", {":pc": {"S": format_timestamp(plan.created_at)}}
+        if plan.mode != "incremental":
+            plan_set, plan_remove, plan_value = "", ", committed_plan_created_at", {}
         self._update_head(
-            f"SET committed_batch_id = :n, committed_owner = :o, committed_plan_owner = :po, committed_at = :t{report_set} "
+            f"SET committed_batch_id = :n, committed_owner = :o, committed_plan_owner = :po, committed_at = :t{report_set}{plan_set} "
             f"REMOVE pending_batch_id, pending_plan_owner, pending_owner, pending_since, pending_report_owner, "
-            f"pending_heartbeat{report_remove}",
+            f"pending_heartbeat{report_remove}{plan_remove}",
             "committed_batch_id = :prev AND pending_batch_id = :n AND pending_owner = :o AND pending_plan_owner = :po",
             {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
-             ":prev": {"N": str(plan.batch_id - 1)}, ":po": {"S": head.pending_plan_owner or ""}, **report_value},
+             ":prev": {"N": str(plan.batch_id - 1)}, ":po": {"S": head.pending_plan_owner or ""}, **report_value, **plan_value},
             action=f"commit batch {plan.batch_id}",
             owner=owner,
             applied=lambda h: h.committed_batch_id == plan.batch_id and h.committed_owner == owner,

@@ -345,9 +345,12 @@ class Sink:
         if mark is None or mark.batch_id < committed:
             return
         if mark.batch_id == committed:
-            plan = store.committed_plan(head) if mark.plan_created_at else None
-            if plan is None or plan.mode != "incremental" or plan_marker(plan) == mark.plan_created_at:
+            if not mark.plan_created_at or head.committed_plan_created_at == mark.plan_created_at:
                 return
+            if head.committed_plan_created_at is None:  # a rewind, or a head of an earlier version: read the plan
+                plan = store.committed_plan(head)
+                if plan is None or plan.mode != "incremental" or plan_marker(plan) == mark.plan_created_at:
+                    return
         elif pending is not None and mark.batch_id == pending.batch_id and mark.plan_created_at == plan_marker(pending):
             return
         table = getattr(store, "table_name", "?")
