@@ -1177,10 +1177,10 @@ def check_window_position(plan: BatchPlan, settings: WindowSettings, store: Any)
         window may have, and the ways out; nothing read or written.
     """
     assert settings.sink is not None
-    incremental = settings.sink.latest_batch(settings.stream_name, settings.consumer_name, 0) is not None
     head = store.head() if store is not None else None
-    if head is not None and head.committed_batch_id > 0:
-        incremental = True
+    # The store answers at the cost of one read; the output only when the store has committed nothing.
+    incremental = (head is not None and head.committed_batch_id > 0) or (
+        settings.sink.latest_batch(settings.stream_name, settings.consumer_name, 0) is not None)  # fmt: skip
     if not incremental:
         return
     where = settings.sink.table or settings.sink.output_path or settings.output_root

@@ -327,6 +327,7 @@ class IcebergSink(Sink):
             raise TableCommitError(f"batch {plan.batch_id}: {plan.output_location} holds no data file to add to table "
                                    f"{self.identifier}; nothing committed")  # fmt: skip
         uris = [f.uri for f in files]
+        schema = read_schema(files[0].uri, self.storage_options)  # once: every attempt adds the same files
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             table = self.load()
             try:
@@ -338,7 +339,7 @@ class IcebergSink(Sink):
                         log.info("table %s: batch %d is in snapshot %d already; nothing added", self.identifier,
                                  plan.batch_id, found.snapshot_id)  # fmt: skip
                         return TableCommit("iceberg", self.identifier, snapshot_id=found.snapshot_id, already_committed=True)
-                    snapshot = self._add(table, uris, properties, before_add, read_schema(files[0].uri, self.storage_options), plan)
+                    snapshot = self._add(table, uris, properties, before_add, schema, plan)
             except (CommitFailedException, TableAlreadyExistsError) as err:
                 if attempt == COMMIT_ATTEMPTS:
                     raise

@@ -292,6 +292,7 @@ def test_a_table_folder_with_a_referenced_file_loses_only_its_unreferenced_files
     found = find_leftovers(sink, STREAM, CONSUMER, min_age=0)
     assert sorted(item.path for item in found) == sorted([str(extra), str(extra.parent / f".{extra.name}.crc")])
     remove_leftovers(sink, found, STREAM, CONSUMER, min_age=0)
+    assert not extra.exists() and not (extra.parent / f".{extra.name}.crc").exists() and folder.is_dir()
     assert (folder / "_quarantine" / "part-0.parquet").exists() and read_back(sink) == before
 
 
@@ -341,6 +342,7 @@ def test_a_shared_output_is_cleaned_under_the_consumers_own_folder_only(tmp_path
     assert [item.path for item in found] == [dead["one"].output_location]
     before = read_back(sinks["one"])
     remove_leftovers(sinks["one"], found, STREAM, "one", min_age=0)
+    assert not Path(dead["one"].output_location).exists()
     assert Path(dead["two"].output_location).is_dir() and read_back(sinks["one"]) == before
 
 

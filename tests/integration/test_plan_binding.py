@@ -138,6 +138,7 @@ def test_a_plan_swapped_after_the_job_recorded_its_report_is_refused_by_the_comm
         commit_handed(store, 1, "plan-task", 60.0, plan_digest=prepared.plan.digest())
     head = store.head()
     assert head.committed_batch_id == 0 and head.pending_batch_id == 1 and store.committed_checkpoints() == {}
+    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
 
 
 def test_a_forged_report_that_claims_more_than_the_files_hold_commits_nothing(setup, kinesis, unique_name, tmp_path):
