@@ -241,7 +241,10 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
             handed_at = time.time()
             # Read the head first: a job task that ran before this one has recorded its report
             # already (commit now, in this worker); defer only while the job may still record it.
-            event = handed_event(store, batch_id, owner, lease, handed_at=handed_at, job_start_timeout=self.job_start_timeout)
+            try:
+                event = handed_event(store, batch_id, owner, lease, handed_at=handed_at, job_start_timeout=self.job_start_timeout)
+            except CheckpointStoreCorruptError as err:  # a malformed head: a retry reads the same
+                raise AirflowFailException(str(err)) from err
             if event is None:
                 self.defer(
                     trigger=KinesisBatchReportTrigger(
