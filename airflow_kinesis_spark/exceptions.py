@@ -115,6 +115,14 @@ class ReportValidationError(KinesisSparkError):
     """The Spark job's per-shard report does not match the batch plan; nothing is committed."""
 
 
+class DeadLetterLimitError(ReportValidationError):
+    """More of a batch's (or window's) records did not decode than ``max_dead_letter_fraction``
+    allows: most likely a wrong record format or schema, not bad records. Nothing is committed;
+    the batch stays pending, and a retry with the same settings finds the same. Fields:
+    ``batch_id``, ``records``, ``dead_letters``, ``kinds`` (error kind -> count of the ranges'
+    reports), ``limit``."""
+
+
 class EndpointUnreachableError(KinesisSparkError):
     """An endpoint a connection points at does not answer (names the connection, service and endpoint).
 

@@ -89,6 +89,7 @@ def asset_event_extra(summary: Mapping[str, Any]) -> dict[str, Any]:
         "output_path": summary.get("output_path"),
         "shards": {shard_id: shard.get("records", 0) for shard_id, shard in (summary.get("shards") or {}).items()},
         "quarantined": summary.get("quarantined", 0),
+        "dead_letters": summary.get("dead_letters", 0),
         "cutoff": summary.get("cutoff"),
     }
     if summary.get("mode") == "window":

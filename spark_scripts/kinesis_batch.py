@@ -74,9 +74,13 @@ AWS_ENV_VARS = (
     "AWS_CA_BUNDLE",
 )
 
-#: What ``mapInArrow`` yields: the output columns (``core.schema``), then the quarantine reason of
-#: a corrupt Kinesis record and the per-range report row, both filtered out of the output.
-RAW_SCHEMA = spark_ddl(("_quarantine_reason", "string"), ("_report", "string"))
+#: Columns ``mapInArrow`` yields after the output columns (``core.schema``) and the decoded ones
+#: (``core.records``), all filtered out of the output: why a record is quarantined (a corrupt
+#: Kinesis record, or a dead letter: a user record that does not decode), its kind
+#: (``core.records.DEAD_LETTER_KINDS``), and the per-range report row.
+JOB_COLUMNS = (("_quarantine_reason", "string"), ("_error_kind", "string"), ("_report", "string"))
+#: What ``mapInArrow`` yields for raw records.
+RAW_SCHEMA = spark_ddl(*JOB_COLUMNS)
 #: A task hands Spark its rows in Arrow record batches of up to about this many rows, or bytes:
 #: consecutive smaller ones (a small batch's pages of a few KiB, the one-row reports) are joined.
 #: Each record batch costs the JVM's Arrow reader some work: at 256 shard ranges of 20 records,
@@ -139,11 +143,33 @@ def build_session(app_name: str) -> Any:
     )
 
 
-def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dict[str, Any], consumer_arn: str | None = None) -> Callable:
+def job_schema(records: dict[str, Any] | None) -> tuple[Any, str]:
+    """What ``mapInArrow`` yields for a plan's record spec (``OutputSpec.records``; ``None``:
+    raw): ``(pyarrow.Schema, Spark DDL)``: the output columns, the decoded columns
+    (``core.records.RecordDecoder.schema``), then :data:`JOB_COLUMNS`."""
+    import pyarrow as pa
+
+    from airflow_kinesis_spark.core.records import RecordDecoder, spark_type
+
+    schema = arrow_schema()
+    decoded = RecordDecoder(records).schema if records else []
+    for f in decoded:
+        schema = schema.append(f)
+    for name, _ in JOB_COLUMNS:
+        schema = schema.append(pa.field(name, pa.string()))
+    ddl = spark_ddl(*[(f"`{f.name}`", spark_type(f.type)) for f in decoded], *JOB_COLUMNS)
+    return schema, ddl
+
+
+def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dict[str, Any], consumer_arn: str | None = None,
+                         records: dict[str, Any] | None = None) -> Callable:  # fmt: skip
     """The ``mapInArrow`` function: each input row is one shard range (JSON); all ranges of a
     task are read at the same time. ``stream_name`` may be an ARN (the calls address it so); the
     rows' ``stream_name`` column is the stream's name either way. With ``consumer_arn`` the ranges
-    are read with enhanced fan-out (SubscribeToShard) as that stream consumer."""
+    are read with enhanced fan-out (SubscribeToShard) as that stream consumer. With ``records``
+    (a typed record spec, ``core.records``) each page's records are decoded as they are read;
+    the ones that do not decode are marked dead letters, and counted in their range's report
+    (``dead_letters``)."""
     from airflow_kinesis_spark.core.names import stream_name_of
 
     row_stream_name = stream_name_of(stream_name)
@@ -172,7 +198,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                 max_pool_connections=max(10, 2 * len(ranges)),
             ),
         ))
-        schema = arrow_schema(("_quarantine_reason", "string"), ("_report", "string"))
+        schema, _ = job_schema(records)
         readers = [
             ShardReader(
                 client, stream_name, rng, limit=options["limit"], min_call_interval=options["min_call_interval"],
@@ -188,17 +214,34 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         import pyarrow.compute as pc
 
         from airflow_kinesis_spark.core.reader import read_concurrently
+        from airflow_kinesis_spark.core.records import RecordDecoder
 
+        decoder = RecordDecoder(records) if records else None
+        dead_letters: dict[int, int] = {}
         for reader, page in read_concurrently(readers):
             if page is None:
                 assert reader.report is not None
-                report = json.dumps(reader.report.to_dict())
-                row = [pa.nulls(1, f.type) for f in schema][:-1] + [pa.array([report], pa.string())]
+                report = {**reader.report.to_dict(), "dead_letters": dead_letters.get(id(reader), 0)}
+                row = [pa.nulls(1, f.type) for f in schema][:-1] + [pa.array([json.dumps(report)], pa.string())]
                 yield pa.RecordBatch.from_arrays(row, schema=schema)
                 continue
             # What a Kinesis record's user records share is converted once and repeated by Arrow.
             n = len(page)
             index = pa.array(page.kinesis_record_index(), pa.int32())
+            reasons = pa.array(page.quarantine_reasons, pa.string()).take(index)
+            kinds = pc.if_else(pc.is_valid(reasons), pa.scalar("corrupt_aggregate"), pa.scalar(None, pa.string()))
+            decoded: list[Any] = []
+            if decoder is not None:
+                # a corrupt Kinesis record is not decoded: its reason stays the reader's
+                datas = [b"" if r is not None else d for d, r in zip(page.datas, reasons.to_pylist())]
+                result = decoder.decode(datas)
+                decoded = result.columns
+                if result.dead_letters:
+                    corrupt = reasons.to_pylist()
+                    kinds = pa.array(["corrupt_aggregate" if c is not None else k for c, k in zip(corrupt, result.kinds)], pa.string())
+                    reasons = pa.array([c if c is not None else m for c, m in zip(corrupt, result.messages)], pa.string())
+                    dead = sum(1 for c, k in zip(corrupt, result.kinds) if c is None and k is not None)
+                    dead_letters[id(reader)] = dead_letters.get(id(reader), 0) + dead
             batch = pa.RecordBatch.from_arrays(
                 [
                     pa.repeat(pa.scalar(row_stream_name, pa.string()), n),
@@ -209,7 +252,9 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                     pa.array(page.explicit_hash_keys, pa.string()),
                     pa.array(page.arrivals, pa.timestamp("us", tz="UTC")).take(index),
                     pa.array(page.datas, pa.binary()),
-                    pa.array(page.quarantine_reasons, pa.string()).take(index),
+                    *decoded,
+                    reasons,
+                    kinds,
                     pa.nulls(n, pa.string()),
                 ],
                 schema=schema,
@@ -290,8 +335,9 @@ def read_batch(spark: Any, plan: dict[str, Any], aws_env: dict[str, str], option
     range_df = spark.range(0, n, 1, tasks).select(
         F.element_at(F.array(*[F.lit(r) for r in ranges]), (F.col("id") + 1).cast("int")).alias("range")
     )
-    reader = make_reader_function(plan["stream_name"], aws_env, options, plan.get("consumer_arn"))
-    return range_df.mapInArrow(reader, RAW_SCHEMA)
+    records = (plan.get("output") or {}).get("records")
+    reader = make_reader_function(plan["stream_name"], aws_env, options, plan.get("consumer_arn"), records)
+    return range_df.mapInArrow(reader, job_schema(records)[1] if records else RAW_SCHEMA)
 
 
 def _range_key(item: dict[str, Any]) -> tuple[str, int]:
@@ -299,7 +345,7 @@ def _range_key(item: dict[str, Any]) -> tuple[str, int]:
 
 
 #: What two reads of one range must agree on (timings and call counts may differ).
-READ_FIELDS = ("first", "last", "records", "quarantined", "stop_reason")
+READ_FIELDS = ("first", "last", "records", "quarantined", "dead_letters", "stop_reason")
 
 
 def _same_read(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -382,14 +428,28 @@ def write_output(data: Any, plan: dict[str, Any], location: str) -> None:
     writer.mode("overwrite").parquet(location)
 
 
+def output_rows(raw: Any, plan: dict[str, Any]) -> Any:
+    """The output's rows of the job's read: user records that decoded (not a report row, a
+    corrupt Kinesis record or a dead letter), without the job's columns; without ``data`` when
+    the records are decoded and ``keep_raw_data`` is not set."""
+    from pyspark.sql import functions as F
+
+    records = (plan.get("output") or {}).get("records")
+    drop = [name for name, _ in JOB_COLUMNS] + (["data"] if records and not records.get("keep_raw_data") else [])
+    return raw.where(F.col("_report").isNull() & F.col("_quarantine_reason").isNull()).drop(*drop)
+
+
 def _write_quarantine(rows: Any, location: str) -> None:
-    """Corrupt Kinesis records, raw, under ``{location}/_quarantine`` (after the data: overwriting
-    the data location clears this folder)."""
+    """Corrupt Kinesis records and dead letters (user records that did not decode), raw, under
+    ``{location}/_quarantine`` (after the data: overwriting the data location clears this
+    folder): ``stream_name``, ``shard_id``, ``sequence_number``, ``sub_sequence_number``,
+    ``partition_key``, ``approximate_arrival_timestamp``, ``data``, ``error_kind``
+    (``core.records.DEAD_LETTER_KINDS``) and ``reason`` (the message)."""
     from pyspark.sql import functions as F
 
     rows.where(F.col("_quarantine_reason").isNotNull()).select(
-        "stream_name", "shard_id", "sequence_number", "partition_key", "approximate_arrival_timestamp",
-        "data", F.col("_quarantine_reason").alias("reason"),
+        "stream_name", "shard_id", "sequence_number", "sub_sequence_number", "partition_key", "approximate_arrival_timestamp",
+        "data", F.col("_error_kind").alias("error_kind"), F.col("_quarantine_reason").alias("reason"),
     ).write.mode("overwrite").parquet(f"{location}/{QUARANTINE_DIR}")  # fmt: skip
 
 
@@ -467,19 +527,19 @@ def run_one_pass(
     location = location or plan["output_location"]
     name = f"kinesis_batch_{plan['batch_id']}_{os.getpid()}_{time.time_ns()}"
     raw, observation = _observed(read_batch(spark, plan, aws_env, options), name)
-    data = raw.where(F.col("_report").isNull() & F.col("_quarantine_reason").isNull()).drop("_report", "_quarantine_reason")
+    data = output_rows(raw, plan)
     if transform is not None:
         data = transform(data)
     write_output(data, plan, location)
     read_seconds = time.monotonic() - started
     reports = collect_reports(plan, _observed_reports(observation, data, name))
     records = sum(r["records"] for r in reports)
-    quarantined = sum(r.get("quarantined", 0) for r in reports)
+    quarantined = sum(r.get("quarantined", 0) + r.get("dead_letters", 0) for r in reports)
     if records == 0:
         raise RuntimeError(f"batch {plan['batch_id']}: the read found no user record although the operator's probes saw one; "
                            f"{location} holds no rows and nothing is committed")  # fmt: skip
     if quarantined > 0:
-        keys = {_range_key(r) for r in reports if r.get("quarantined")}
+        keys = {_range_key(r) for r in reports if r.get("quarantined") or r.get("dead_letters")}
         again = {**plan, "ranges": [r for r in plan["ranges"] if _range_key(r) in keys]}
         name2 = name + "_quarantine"
         raw2, observation2 = _observed(read_batch(spark, again, aws_env, {**options, "quarantine_only": True}), name2)
@@ -492,7 +552,8 @@ def run_one_pass(
                 raise RuntimeError(f"shard {report['shard_id']}: the second read of its corrupt records read something else "
                                    f"than the first ({before.get('last')} vs {report.get('last')}); nothing is committed")  # fmt: skip
         # the task log's warning comes from the protocol's summary (core.protocol.log_outcome)
-        log.info("batch %s: %d corrupt Kinesis records written to %s/%s", plan["batch_id"], quarantined, location, QUARANTINE_DIR)
+        log.info("batch %s: %d corrupt Kinesis records and dead letters written to %s/%s", plan["batch_id"], quarantined, location,
+                 QUARANTINE_DIR)  # fmt: skip
     return {
         "batch_id": plan["batch_id"],
         "output_location": plan["output_location"],
@@ -540,14 +601,14 @@ def run(
         reports = collect_reports(plan, rows)
         read_seconds = time.monotonic() - started
         records = sum(r["records"] for r in reports)
-        quarantined = sum(r.get("quarantined", 0) for r in reports)
+        quarantined = sum(r.get("quarantined", 0) + r.get("dead_letters", 0) for r in reports)
         if one_pass and records == 0:
             raise RuntimeError(f"batch {plan['batch_id']}: the read found no user record although the operator's probes "
                                "saw one; nothing is written or committed")  # fmt: skip
         location = location or plan["output_location"]
-        rows = raw.where(F.col("_report").isNull()).drop("_report")
+        rows = raw.where(F.col("_report").isNull())
         if records > 0:
-            data = rows.where(F.col("_quarantine_reason").isNull()).drop("_quarantine_reason")
+            data = output_rows(raw, plan)
             if transform is not None:
                 data = transform(data)
             write_output(data, plan, location)
@@ -555,7 +616,8 @@ def run(
             log.info("batch %s: no records in the planned ranges; nothing written", plan["batch_id"])
         if quarantined > 0:
             _write_quarantine(rows, location)
-            log.info("batch %s: %d corrupt Kinesis records written to %s/%s", plan["batch_id"], quarantined, location, QUARANTINE_DIR)
+            log.info("batch %s: %d corrupt Kinesis records and dead letters written to %s/%s", plan["batch_id"], quarantined,
+                     location, QUARANTINE_DIR)  # fmt: skip
     finally:
         raw.unpersist()
     return {

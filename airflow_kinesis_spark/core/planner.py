@@ -158,6 +158,8 @@ def output_settings(output: Mapping[str, Any]) -> dict[str, Any]:
     data = {"target_file_size": 0, **output}
     if data["target_file_size"]:
         data.pop("max_records_per_file", None)
+    if data.get("records") and "versions" in data["records"]:  # resolved at planning from the registry
+        data["records"] = {k: v for k, v in data["records"].items() if k != "versions"}
     return data
 
 

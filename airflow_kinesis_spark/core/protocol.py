@@ -895,6 +895,7 @@ def _commit(
     finds the recorded report, and the table commit finds the batch in the table and adds nothing.
     """
     table = None
+    check_dead_letters(plan, reports)
     if sink is not None and sum(r.records for r in reports):
         sink.check_written(plan, reports)  # the report against the published files: a forged one commits nothing
         if _is_table(sink):
@@ -912,6 +913,35 @@ def _commit(
     summary = incremental_summary(plan, reports, checkpoints, "committed", reused=reused, sink=sink, table=table)
     log_outcome(plan, reports, summary)
     return summary
+
+
+def check_dead_letters(plan: BatchPlan, reports: Sequence[ShardReport]) -> None:
+    """Before any commit of a batch or window: its dead letters (records that did not decode,
+    ``core.records``) are at most the plan's ``max_dead_letter_fraction`` of its records.
+
+    :raises DeadLetterLimitError: more than that; naming the counts, the limit and what to check.
+        Nothing committed.
+    """
+    from airflow_kinesis_spark.core.records import RecordSettings
+    from airflow_kinesis_spark.exceptions import DeadLetterLimitError
+
+    spec = (plan.output or {}).get("records")
+    records, dead = sum(r.records for r in reports), sum(r.dead_letters for r in reports)
+    if not spec or not dead:
+        return
+    limit = RecordSettings.from_dict(spec).max_dead_letter_fraction
+    if dead <= limit * records:
+        return
+    what = f"batch {plan.batch_id}" if plan.mode == "incremental" else "the window"
+    raise DeadLetterLimitError(
+        f"{dead} of {what}'s {records} records ({dead / records:.1%}) did not decode as {spec.get('format')} records "
+        f"(max_dead_letter_fraction={limit}): that many is a wrong record_format or schema, not bad records. Nothing was "
+        f"committed{'; the batch stays pending' if plan.mode == 'incremental' else ''}. The dead letters, with each "
+        f"record's error, are under {plan.output_location}/_quarantine: read a few, fix record_format / record_schema / "
+        "schema_registry (then discard the pending batch: its plan holds the old settings), or raise "
+        "max_dead_letter_fraction if these records really are bad.",
+        batch_id=plan.batch_id, records=records, dead_letters=dead, limit=limit,
+    )  # fmt: skip
 
 
 def _commit_without_records(
@@ -972,12 +1002,14 @@ def incremental_summary(
             "stop_reason": r.stop_reason,
             "shard_end": r.shard_end,
             "quarantined": r.quarantined,
+            "dead_letters": r.dead_letters,
             "out_of_range": r.out_of_range,
         }
         for r in reports
     }
     records = sum(r.records for r in reports) if committed else 0
     quarantined = sum(r.quarantined for r in reports) if committed else 0
+    dead_letters = sum(r.dead_letters for r in reports) if committed else 0
     return {
         "batch_id": plan.batch_id if status != "no_new_records" else None,
         "status": status,
@@ -987,7 +1019,8 @@ def incremental_summary(
         "bytes": sum(r.bytes for r in reports) if committed else 0,
         "output_path": plan.output_location if records else None,
         "quarantined": quarantined,
-        "quarantine_path": f"{plan.output_location}/_quarantine" if quarantined else None,
+        "dead_letters": dead_letters,
+        "quarantine_path": f"{plan.output_location}/_quarantine" if quarantined or dead_letters else None,
         "out_of_range": sum(r.out_of_range for r in reports) if committed else 0,
         "cutoff": format_timestamp(plan.cutoff),
         "reused_plan": reused,
@@ -1026,8 +1059,9 @@ def log_outcome(plan: BatchPlan, reports: Sequence[ShardReport], summary: Mappin
       sequence number read and the stop rule that ended the read, records, bytes, seconds;
     * one INFO line for the batch: batch id (or window), shards, records, bytes, seconds reading
       and since planning, checkpoints committed, output;
-    * a WARNING with the count per shard when records were quarantined (corrupt KPL aggregates)
-      or read outside their shard's hash key range (``out_of_range``).
+    * a WARNING with the count per shard when records were quarantined (corrupt KPL aggregates),
+      did not decode (``dead_letters``) or were read outside their shard's hash key range
+      (``out_of_range``).
 
     :param committed_by: the writer that committed the batch earlier (a repeated commit).
     """
@@ -1062,6 +1096,13 @@ def log_outcome(plan: BatchPlan, reports: Sequence[ShardReport], summary: Mappin
         log.warning("%s: %d corrupt Kinesis records quarantined (%s), kept raw under %s and not in the output%s",
                     label, summary["quarantined"], _counts(quarantined), summary["quarantine_path"],
                     "" if window else "; the checkpoints moved past them")  # fmt: skip
+    if summary.get("dead_letters"):
+        dead: dict[str, int] = {}
+        for r in reports:
+            dead[r.shard_id] = dead.get(r.shard_id, 0) + r.dead_letters
+        log.warning("%s: %d records did not decode (%s): dead letters kept raw with their error under %s, not in the "
+                    "output's rows%s", label, summary["dead_letters"], _counts(dead), summary["quarantine_path"],
+                    "" if window else "; the checkpoints moved past them because they are kept")  # fmt: skip
     if summary["out_of_range"]:
         log.warning("%s: %d user records outside their shard's hash key range (%s), kept in the output; a producer "
                     "aggregates user records of several shards into one Kinesis record",
@@ -1138,9 +1179,11 @@ def run_window(
         log.info("No records in the window: no Spark job, no files")
         reports = probes
     validate_window_report(plan, reports)
+    check_dead_letters(plan, reports)
     records = sum(r.records for r in reports)
     table = settings.sink.commit_window(plan, reports) if settings.sink is not None and records else None
     quarantined = sum(r.quarantined for r in reports)
+    dead_letters = sum(r.dead_letters for r in reports)
     result = {
         "mode": "window",
         "status": "written" if found else "no_records",
@@ -1151,7 +1194,8 @@ def run_window(
         "bytes": sum(r.bytes for r in reports),
         "output_path": plan.output_location if records else None,
         "quarantined": quarantined,
-        "quarantine_path": f"{plan.output_location}/_quarantine" if quarantined else None,
+        "dead_letters": dead_letters,
+        "quarantine_path": f"{plan.output_location}/_quarantine" if quarantined or dead_letters else None,
         "out_of_range": sum(r.out_of_range for r in reports),
         "time_slices": int(slices),
         "shards": window_summary(reports),

@@ -183,6 +183,9 @@ class ShardReport:
     :param out_of_range: aggregated user records whose explicit hash key (or the MD5 of their
         partition key) is outside the shard's hash key range; kept, as the KCL does not
         (awslabs/amazon-kinesis-client #343).
+    :param dead_letters: user records (counted in ``records``) that did not decode by the
+        task's record schema (``core.records``); kept raw in the quarantine output with their
+        error, not in the output's rows, and ``last`` covers them.
     :param read_started: when the read began (seconds since the epoch), for throughput figures.
     :param read_ended: when it stopped (seconds since the epoch).
     :param response_bytes: data bytes of every Kinesis record GetRecords returned, read or not
@@ -210,6 +213,7 @@ class ShardReport:
     read_started: float | None = None
     read_ended: float | None = None
     response_bytes: int = 0
+    dead_letters: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -234,6 +238,7 @@ class ShardReport:
             "read_started": self.read_started,
             "read_ended": self.read_ended,
             "response_bytes": self.response_bytes,
+            "dead_letters": self.dead_letters,
         }
 
     @classmethod

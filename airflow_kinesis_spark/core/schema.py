@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OUTPUT_COLUMNS", "arrow_schema", "spark_ddl", "schema_changes"]
+__all__ = ["OUTPUT_COLUMNS", "arrow_schema", "spark_ddl", "schema_changes", "type_name"]
 
 #: ``(name, Spark SQL type, Arrow type name)`` of each output column, in order. Timestamps are
 #: UTC with microseconds (``ApproximateArrivalTimestamp`` has milliseconds); ``data`` is the user
@@ -48,7 +48,7 @@ def arrow_schema(*extra: tuple[str, str]) -> Any:
     return pa.schema([(name, _ARROW_TYPES[arrow](pa)) for name, _, arrow in OUTPUT_COLUMNS] + [(n, _ARROW_TYPES[t](pa)) for n, t in extra])
 
 
-def _type_name(arrow_type: Any) -> str:
+def type_name(arrow_type: Any) -> str:
     """An Arrow type's name with the physical variants a table format may hand back folded into
     one (``large_string``/``string_view`` -> ``string``, ``large_binary`` -> ``binary``,
     ``large_list`` -> ``list``; a timestamp's zone ``+00:00`` -> ``UTC``; field names and
@@ -79,6 +79,6 @@ def schema_changes(table_schema: Any, batch_schema: Any, *, ignore: tuple[str, .
         have = table.get(field.name)
         if have is None:
             added.append(field)
-        elif (old := _type_name(have.type)) != (new := _type_name(field.type)):
+        elif (old := type_name(have.type)) != (new := type_name(field.type)):
             changed.append(f"{field.name}: table has {old}, batch has {new}")
     return added, changed

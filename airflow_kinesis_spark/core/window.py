@@ -170,11 +170,13 @@ def window_summary(reports: Iterable[Any]) -> dict[str, Any]:
     """Per shard totals of a window's slice reports (JSON-safe)."""
     shards: dict[str, dict[str, Any]] = {}
     for report in reports:
-        entry = shards.setdefault(report.shard_id, {"records": 0, "bytes": 0, "slices": 0, "quarantined": 0, "out_of_range": 0})
+        entry = shards.setdefault(report.shard_id, {"records": 0, "bytes": 0, "slices": 0, "quarantined": 0, "dead_letters": 0,
+                                                     "out_of_range": 0})  # fmt: skip
         entry["records"] += report.records
         entry["bytes"] += report.bytes
         entry["slices"] += 1
         entry["quarantined"] += report.quarantined
+        entry["dead_letters"] += report.dead_letters
         entry["out_of_range"] += report.out_of_range
     return shards
 

@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
 from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
 from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS
@@ -315,7 +316,13 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         target_file_size: int = 0,
         consumer_type: str = "polling",
         shared_output: bool = False,
-        schema_evolution: str = "none",
+        schema_evolution: str | None = None,
+        record_format: str = "raw",
+        record_schema: str | None = None,
+        record_message: str | None = None,
+        schema_registry: dict[str, str] | None = None,
+        keep_raw_data: bool = False,
+        max_dead_letter_fraction: float = DEFAULT_MAX_DEAD_LETTER_FRACTION,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -324,6 +331,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
             output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
             partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
             target_file_size=target_file_size, shared_output=shared_output, schema_evolution=schema_evolution,
+            record_format=record_format, record_schema=record_schema, record_message=record_message,
+            schema_registry=schema_registry, keep_raw_data=keep_raw_data, max_dead_letter_fraction=max_dead_letter_fraction,
         )  # fmt: skip
         self.deferrable = deferrable
         self.poke_interval = poke_interval

@@ -13,12 +13,16 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
 
+from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION, RecordSettings
 from airflow_kinesis_spark.sinks import OUTPUT_FORMATS, Sink, build_sink
 
-__all__ = ["OutputSettingsMixin", "OUTPUT_TEMPLATE_FIELDS"]
+__all__ = ["OutputSettingsMixin", "OUTPUT_TEMPLATE_FIELDS", "RECORD_ARGUMENTS"]
 
 #: Output settings rendered by Jinja.
 OUTPUT_TEMPLATE_FIELDS = ("output_format", "table", "catalog_conn_id", "schema_evolution")
+#: The record settings every batch task takes (``core.records.RecordSettings``), by argument name.
+RECORD_ARGUMENTS = ("record_format", "record_schema", "record_message", "schema_registry", "keep_raw_data",
+                    "max_dead_letter_fraction")  # fmt: skip
 
 
 class OutputSettingsMixin:
@@ -51,10 +55,24 @@ class OutputSettingsMixin:
         ``False``: the first (stream, consumer) that writes the root owns it (recorded in
         ``{output_path}/_kinesis_spark_output.json``), and any other fails before reading
         (``OutputOwnedError``). Every task writing a shared root must set it.
-    :param schema_evolution: tables: ``"none"`` (default: a batch with columns the table does
-        not hold, or of other types, fails with ``TableCommitError``, nothing committed) or
+    :param schema_evolution: tables: ``"none"`` (a batch with columns the table does not hold,
+        or of other types, fails with ``TableCommitError``, nothing committed) or
         ``"add_columns"`` (new columns are added to the table as nullable columns with the
-        batch's commit; a changed type still fails).
+        batch's commit; a changed type still fails). Default: ``"add_columns"`` with a typed
+        ``record_format``, else ``"none"``.
+    :param record_format: what a record's bytes hold (docs/typed-records.md): ``"raw"``
+        (default: the ``data`` column), ``"json"``, ``"avro"`` or ``"protobuf"``: decoded into
+        typed columns beside the metadata columns (``core.records``).
+    :param record_schema: the schema inline: Avro schema JSON; JSON Schema or a Spark DDL
+        string; base64 of a serialized Protobuf ``FileDescriptorSet``. Or ``schema_registry``.
+    :param record_message: ``protobuf``: the message's full name.
+    :param schema_registry: AWS Glue Schema Registry's schema, ``{"registry_name": ...,
+        "schema_name": ...}`` or ``{"schema_arn": ...}``; records in its wire format, each decoded
+        with the version it names; read with ``aws_conn_id``'s credentials (its role for a schema
+        of another account).
+    :param keep_raw_data: typed records: keep the ``data`` column too (default ``False``).
+    :param max_dead_letter_fraction: typed records: a batch (or window) with more dead letters
+        than this fraction of its records fails, nothing committed (default 0.01).
     """
 
     output_format: str
@@ -66,8 +84,16 @@ class OutputSettingsMixin:
         self, *, output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
         max_records_per_file: int = 0, storage_options: dict[str, str] | None = None, target_file_size: int = 0,
-        shared_output: bool = False, schema_evolution: str = "none",
+        shared_output: bool = False, schema_evolution: str | None = None, record_format: str = "raw",
+        record_schema: str | None = None, record_message: str | None = None, schema_registry: dict[str, str] | None = None,
+        keep_raw_data: bool = False, max_dead_letter_fraction: float = DEFAULT_MAX_DEAD_LETTER_FRACTION,
     ) -> None:  # fmt: skip
+        self.record_format = record_format
+        self.record_schema = record_schema
+        self.record_message = record_message
+        self.schema_registry = schema_registry
+        self.keep_raw_data = keep_raw_data
+        self.max_dead_letter_fraction = max_dead_letter_fraction
         self.output_format = output_format
         self.shared_output = shared_output
         self.schema_evolution = schema_evolution
@@ -91,7 +117,24 @@ class OutputSettingsMixin:
                    partition_by=self.partition_by, max_records_per_file=self.max_records_per_file,
                    target_file_size=self.target_file_size, shared_output=self.shared_output,
                    stream_name=getattr(self, "stream_name", None) or "unset", consumer_name=getattr(self, "consumer_name", None) or "unset",
-                   schema_evolution=self.schema_evolution)  # fmt: skip
+                   schema_evolution=self.schema_evolution, record_settings=self.record_settings)  # fmt: skip
+
+    @property
+    def record_settings(self) -> RecordSettings:
+        """How the job decodes records (``core.records.RecordSettings``).
+
+        :raises ValueError: naming the setting, the problem and the fix (an inline schema that
+            does not convert included).
+        """
+        return RecordSettings(self.record_format, schema=self.record_schema, message=self.record_message,
+                              registry=self.schema_registry, keep_raw_data=self.keep_raw_data,
+                              max_dead_letter_fraction=self.max_dead_letter_fraction)  # fmt: skip
+
+    def _glue_client(self) -> Any:
+        """A Glue client of ``aws_conn_id`` (AWS Glue Schema Registry)."""
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+        return AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="glue", region_name=self.region_name).get_conn()
 
     @cached_property
     def sink(self) -> Sink:
@@ -101,7 +144,7 @@ class OutputSettingsMixin:
             partition_by=self.partition_by, max_records_per_file=self.max_records_per_file,
             storage_options=self._storage_options(), target_file_size=self.target_file_size, shared_output=self.shared_output,
             stream_name=getattr(self, "stream_name", None), consumer_name=getattr(self, "consumer_name", None),
-            schema_evolution=self.schema_evolution,
+            schema_evolution=self.schema_evolution, record_settings=self.record_settings, glue_client=self._glue_client,
         )  # fmt: skip
 
     @property

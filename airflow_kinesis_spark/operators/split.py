@@ -35,6 +35,7 @@ from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
 from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, prepare_incremental
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
@@ -197,13 +198,18 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
         output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
         max_records_per_file: int = 0, storage_options: dict[str, str] | None = None, target_file_size: int = 0,
-        shared_output: bool = False, schema_evolution: str = "none", **kwargs: Any,
+        shared_output: bool = False, schema_evolution: str | None = None, record_format: str = "raw", record_schema: str | None = None, record_message: str | None = None,
+        schema_registry: dict[str, str] | None = None, keep_raw_data: bool = False,
+        max_dead_letter_fraction: float = DEFAULT_MAX_DEAD_LETTER_FRACTION,
+        **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self._init_output(
             output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
             partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
             target_file_size=target_file_size, shared_output=shared_output, schema_evolution=schema_evolution,
+            record_format=record_format, record_schema=record_schema, record_message=record_message,
+            schema_registry=schema_registry, keep_raw_data=keep_raw_data, max_dead_letter_fraction=max_dead_letter_fraction,
         )  # fmt: skip
         self.stream_name = stream_name
         self.consumer_name = consumer_name
@@ -304,7 +310,13 @@ def kinesis_batch_task_group(
     storage_options: dict[str, str] | None = None,
     target_file_size: int = 0,
     shared_output: bool = False,
-    schema_evolution: str = "none",
+    schema_evolution: str | None = None,
+    record_format: str = "raw",
+    record_schema: str | None = None,
+    record_message: str | None = None,
+    schema_registry: dict[str, str] | None = None,
+    keep_raw_data: bool = False,
+    max_dead_letter_fraction: float = DEFAULT_MAX_DEAD_LETTER_FRACTION,
     **plan_kwargs: Any,
 ) -> TaskGroup:
     """Plan, job and commit tasks of one incremental batch, as a task group ``group_id``.
@@ -324,7 +336,8 @@ def kinesis_batch_task_group(
         ``job_start_timeout``, ``retries``, ...).
     :param output_format: and ``table``, ``catalog_conn_id``, ``catalog_properties``,
         ``partition_by``, ``max_records_per_file``, ``target_file_size``, ``storage_options``, ``shared_output``,
-        ``schema_evolution``: the output settings, given
+        ``schema_evolution``, ``record_format``, ``record_schema``, ``record_message``,
+        ``schema_registry``, ``keep_raw_data``, ``max_dead_letter_fraction``: the output settings, given
         to the plan task (stored in the plan: what the job writes) and the commit task (the table
         commit) alike.
     :param plan_kwargs: arguments of :class:`KinesisPlanBatchOperator` (cutoff, initial position,
@@ -335,7 +348,9 @@ def kinesis_batch_task_group(
               "catalog_properties": catalog_properties, "partition_by": partition_by,
               "max_records_per_file": max_records_per_file, "storage_options": storage_options,
               "target_file_size": target_file_size, "shared_output": shared_output,
-              "schema_evolution": schema_evolution}  # fmt: skip
+              "schema_evolution": schema_evolution, "record_format": record_format, "record_schema": record_schema,
+              "record_message": record_message, "schema_registry": schema_registry, "keep_raw_data": keep_raw_data,
+              "max_dead_letter_fraction": max_dead_letter_fraction}  # fmt: skip
     with TaskGroup(group_id) as group:
         plan = KinesisPlanBatchOperator(
             task_id="plan", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,

@@ -109,6 +109,8 @@ class OutputSpec:
         planning, the sink turns it into ``max_records_per_file`` from the stored bytes per row of
         the table's latest commit (:meth:`Sink.planned_output_spec`); Spark's writer has no byte
         target of its own.
+    :param records: how the job decodes the records (``core.records.RecordSettings.to_dict``; at
+        planning with the registry's ``versions``); ``None``: ``raw``, the records' bytes.
     """
 
     format: str = "parquet"
@@ -116,6 +118,7 @@ class OutputSpec:
     max_records_per_file: int = 0
     derived: tuple[tuple[str, str, str], ...] = ()
     target_file_size: int = 0
+    records: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.format not in OUTPUT_FORMATS:
@@ -127,9 +130,12 @@ class OutputSpec:
             raise ValueError(f"max_records_per_file must be an integer >= 0 (0: no cap); got {self.max_records_per_file!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": self.format, "partition": [f.to_list() for f in self.partition],
+        data = {"format": self.format, "partition": [f.to_list() for f in self.partition],
                 "max_records_per_file": self.max_records_per_file, "derived": [list(d) for d in self.derived],
                 "target_file_size": self.target_file_size}  # fmt: skip
+        if self.records:  # raw plans keep the shape of earlier versions' (what pending plans are compared on)
+            data["records"] = dict(self.records)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> OutputSpec:
@@ -142,6 +148,7 @@ class OutputSpec:
             max_records_per_file=int(data.get("max_records_per_file", 0)),
             derived=tuple(tuple(d) for d in data.get("derived", ())),  # type: ignore[misc]
             target_file_size=int(data.get("target_file_size", 0)),
+            records=data.get("records"),
         )
 
     def settings(self) -> dict[str, Any]:
@@ -224,6 +231,11 @@ class Sink:
     shared_output = False
     schema_evolution = "none"
     storage_options: Mapping[str, str] | None = None
+    #: How the job decodes records (``core.records.RecordSettings``; ``None``: raw).
+    record_settings: Any = None
+    #: A function returning a boto3 Glue client, for a schema in AWS Glue Schema Registry
+    #: (the operators' connection); called at planning only.
+    glue_client: Any = None
 
     def owner(self, stream_name: str, consumer_name: str) -> Any:
         """The owner record this sink's task writes in ``output_path``."""
@@ -270,15 +282,36 @@ class Sink:
         table = self.table_schema() if not transform else None
         if table is None:
             return
+        self.columns_to_add(table, self.batch_schema(self.planned_output_spec()), "the batches (no transform)", planning=True)
+
+    def batch_schema(self, spec: OutputSpec) -> Any:
+        """The columns a batch of ``spec`` writes without a transform (``pyarrow.Schema``): the
+        metadata columns (``core.schema.OUTPUT_COLUMNS``; ``data`` only for raw records or with
+        ``keep_raw_data``), the decoded columns (``core.records.decoded_schema``), the derived ones.
+
+        :raises ValueError: the record schema does not convert (naming the field).
+        """
         import pyarrow as pa
 
+        from airflow_kinesis_spark.core.records import decoded_schema, spark_compatible
         from airflow_kinesis_spark.core.schema import arrow_schema
 
-        derived = {"date": pa.date32()}
         batch = arrow_schema()
-        for name, kind, _ in self.output_spec().derived:
+        decoded = decoded_schema(spec.records) if spec.records else None
+        if decoded is not None:
+            if not spec.records.get("keep_raw_data"):  # type: ignore[union-attr]
+                batch = batch.remove(batch.get_field_index("data"))
+            for f in decoded:
+                batch = batch.append(pa.field(f.name, spark_compatible(f.type)))
+        derived = {"date": pa.date32()}
+        for name, kind, _ in spec.derived:
             batch = batch.append(pa.field(name, derived.get(kind, pa.string())))
-        self.columns_to_add(table, batch, "the batches (no transform)", planning=True)
+        return batch
+
+    def records_spec(self) -> dict[str, Any] | None:
+        """The record settings as an ``OutputSpec.records`` (``None``: raw)."""
+        settings = self.record_settings
+        return settings.to_dict() if settings is not None and settings.typed else None
 
     def columns_to_add(self, table_schema: Any, batch_schema: Any, what: str, *, planning: bool = False) -> list[Any]:
         """The batch's columns the table lacks, to add with ``schema_evolution="add_columns"``
@@ -370,7 +403,7 @@ class Sink:
 
     def output_spec(self) -> OutputSpec:
         """What the job writes (stored in each plan)."""
-        return OutputSpec(self.format)
+        return OutputSpec(self.format, records=self.records_spec())
 
     def stored_bytes_per_row(self) -> float | None:
         """Bytes per row of the table's latest commit (``None``: no table or no rows yet)."""
@@ -383,6 +416,12 @@ class Sink:
         from dataclasses import replace
 
         spec = self.output_spec()
+        if self.record_settings is not None and self.record_settings.registry:
+            from airflow_kinesis_spark.core.records import resolve_registry
+
+            if self.glue_client is None:
+                raise ValueError("schema_registry needs a Glue client: the operator's aws_conn_id provides it")
+            spec = replace(spec, records=resolve_registry(self.glue_client(), self.record_settings))
         if not spec.target_file_size or spec.max_records_per_file:
             return spec
         per_row = self.stored_bytes_per_row()
@@ -453,7 +492,9 @@ def build_sink(
     shared_output: bool = False,
     stream_name: str | None = None,
     consumer_name: str | None = None,
-    schema_evolution: str = "none",
+    schema_evolution: str | None = None,
+    record_settings: Any = None,
+    glue_client: Any = None,
 ) -> Sink:
     """The sink of an operator's output settings.
 
@@ -470,12 +511,20 @@ def build_sink(
         one's batches go to :func:`~airflow_kinesis_spark.sinks.ownership.consumer_root` (needs
         ``stream_name`` and ``consumer_name``). Otherwise the root belongs to the first (stream,
         consumer) that writes it (:mod:`~airflow_kinesis_spark.sinks.ownership`).
-    :param schema_evolution: tables only: ``"none"`` (default: a batch whose columns the table
-        does not hold, or of other types, fails with ``TableCommitError``) or ``"add_columns"``
-        (new columns are added to the table as nullable columns in the batch's own commit; a
-        changed type still fails).
+    :param schema_evolution: tables only: ``"none"`` (a batch whose columns the table does not
+        hold, or of other types, fails with ``TableCommitError``) or ``"add_columns"`` (new
+        columns are added to the table as nullable columns in the batch's own commit; a changed
+        type still fails). Default (``None``): ``"add_columns"`` for typed records (a schema
+        version that adds fields adds columns), else ``"none"``; Parquet: ``"none"``.
+    :param record_settings: how the job decodes records (``core.records.RecordSettings``;
+        ``None``: raw).
+    :param glue_client: a function returning a boto3 Glue client, for ``record_settings.registry``.
     :raises ValueError: naming the setting, the problem and the fix.
     """
+    typed = record_settings is not None and record_settings.typed
+    if schema_evolution is None:
+        schema_evolution = "add_columns" if typed and output_format != "parquet" else "none"
+
     sink = _build_sink(output_format, output_path, table=table, catalog_properties=catalog_properties, partition_by=partition_by,
                        max_records_per_file=max_records_per_file, storage_options=storage_options,
                        target_file_size=target_file_size)  # fmt: skip
@@ -491,6 +540,8 @@ def build_sink(
     sink.shared_output = bool(shared_output)
     sink.batch_root = consumer_root(output_path, stream_name or "", consumer_name or "", bool(shared_output))
     sink.schema_evolution = schema_evolution
+    sink.record_settings = record_settings if typed else None
+    sink.glue_client = glue_client
     if output_format == "parquet":
         sink.output_root = sink.batch_root  # type: ignore[attr-defined]  # committed records live with the batches
     return sink

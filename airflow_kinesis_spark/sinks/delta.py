@@ -101,7 +101,7 @@ class DeltaSink(Sink):
     def output_spec(self) -> OutputSpec:
         derived = ((ARRIVAL_DATE, "date", "approximate_arrival_timestamp"),) if ARRIVAL_DATE in self.partition_by else ()
         partition = tuple(PartitionField("identity", name, f"_p{i}") for i, name in enumerate(self.partition_by))
-        return OutputSpec("delta", partition, self.max_records_per_file, derived, self.target_file_size)
+        return OutputSpec("delta", partition, self.max_records_per_file, derived, self.target_file_size, self.records_spec())
 
     def stored_bytes_per_row(self) -> float | None:
         """From the files of the table's latest commit that added rows (their add actions'

@@ -96,7 +96,8 @@ class IcebergSink(Sink):
         return self.identifier
 
     def output_spec(self) -> OutputSpec:
-        return OutputSpec("iceberg", self.partition, self.max_records_per_file, target_file_size=self.target_file_size)
+        return OutputSpec("iceberg", self.partition, self.max_records_per_file, target_file_size=self.target_file_size,
+                          records=self.records_spec())
 
     def stored_bytes_per_row(self) -> float | None:
         """From the latest snapshot that added rows: its summary's ``added-files-size`` /

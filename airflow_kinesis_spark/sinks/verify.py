@@ -116,17 +116,26 @@ def check_written(plan: Any, reports: Sequence[Any], storage_options: Mapping[st
     problems = []
     for shard in sorted({r.shard_id for r in reports} | set(written)):
         shard_reports = [r for r in reports if r.shard_id == shard]
-        reported = sum(r.records for r in shard_reports)
+        # Dead letters (records that did not decode) are read records kept in the quarantine
+        # output, not in the files' rows.
+        reported = sum(r.records - r.dead_letters for r in shard_reports)
         last = max((r.last for r in shard_reports if r.records and r.last is not None), key=lambda p: p.key, default=None)
         rows, newest = written.get(shard, (0, None))
-        # A report's last covers corrupt records it quarantined (not in the files): then the files'
-        # newest record may be earlier than it, never later.
-        quarantined = any(r.quarantined for r in shard_reports)
+        # A report's last covers corrupt records and dead letters it quarantined (not in the files):
+        # then the files' newest record may be earlier than it, never later.
+        quarantined = any(r.quarantined or r.dead_letters for r in shard_reports)
         newest_key, last_key = _key(newest), (last.key if last is not None else None)
         same_last = newest_key == last_key or (quarantined and newest_key is not None and last_key is not None and newest_key <= last_key)
         if rows != reported or (reported and not same_last):
             problems.append(f"shard {shard}: the report says {reported} records up to {last}, the files hold {rows} up to "
                             f"{newest}")  # fmt: skip
+    if any(r.dead_letters for r in reports):  # a dead letter is a skipped record unless the quarantine output holds it
+        kept = written_by_shard(f"{plan.output_location}/_quarantine", storage_options) or {}
+        for shard in sorted({r.shard_id for r in reports if r.dead_letters}):
+            expected = sum(r.quarantined + r.dead_letters for r in reports if r.shard_id == shard)
+            if kept.get(shard, (0, None))[0] != expected:
+                problems.append(f"shard {shard}: the report says {expected} quarantined records and dead letters, the "
+                                f"quarantine output holds {kept.get(shard, (0, None))[0]}")  # fmt: skip
     if problems:
         raise ReportValidationError(
             f"The report of {what} does not match the output published at {plan.output_location}: {'; '.join(problems[:5])}"
