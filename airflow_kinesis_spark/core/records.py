@@ -49,7 +49,11 @@ __all__ = [
     "DEFAULT_MAX_DEAD_LETTER_FRACTION",
     "RecordSettings",
     "RecordDecoder",
+    "Decoded",
+    "DecodeError",
     "decoded_schema",
+    "parse_ddl",
+    "spark_compatible",
     "gsr_header",
     "resolve_registry",
     "spark_type",
@@ -242,8 +246,8 @@ def decoded_schema(spec: Mapping[str, Any]) -> Any:
     when from a registry) as a ``pyarrow.Schema`` of nullable fields; ``None`` for ``raw``.
 
     :raises ValueError: a schema that does not parse or has a construct with no column type
-        (naming the field), a field two registry versions type differently, or a field named as
-        a metadata column.
+        (naming the field), or a field named as a metadata column.
+    :raises TableCommitError: a field two registry versions type differently (naming it).
     """
     fmt = spec.get("format", "raw")
     if fmt == "raw":
@@ -283,8 +287,15 @@ def _merge(old: Any, new: Any, what: str) -> Any:
         if have is None:
             fields[f.name] = f
         elif type_name(have.type) != type_name(f.type):
-            raise ValueError(f"field {f.name!r}: earlier schema versions give it type {type_name(have.type)}, {what} gives "
-                             f"{type_name(f.type)}; a column's type cannot change (docs/typed-records.md, schema changes)")  # fmt: skip
+            from airflow_kinesis_spark.exceptions import TableCommitError
+
+            raise TableCommitError(
+                f"field {f.name!r}: earlier versions of the registry schema give it type {type_name(have.type)}, {what} "
+                f"gives {type_name(f.type)}: records of both would land in one column, whose type cannot change. Nothing "
+                "was read or committed. Register a version that restores the type (and delete the other), or write the "
+                "new records under a new schema name into a new table (docs/typed-records.md, schema changes).",
+                field=f.name,
+            )  # fmt: skip
     return pa.struct(list(fields.values()))
 
 

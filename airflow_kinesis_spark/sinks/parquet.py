@@ -31,7 +31,7 @@ from typing import Any
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.protocol import COMMITTED_DIR, committed_record_location
 from airflow_kinesis_spark.sinks import BatchMark, Sink, TableCommit, plan_marker
-from airflow_kinesis_spark.sinks.files import exists, list_data_files, read_text, write_text
+from airflow_kinesis_spark.sinks.files import exists, list_data_files, read_schema, read_text, write_text
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,18 @@ def committed_files(output_root: str, storage_options: Mapping[str, str] | None 
             with filesys.open_input_stream(item.path) as src:
                 files += [line for line in src.read().decode().splitlines() if line]
     return files
+
+
+def batch_schema_record(data_file: str, records: Mapping[str, Any] | None, storage_options: Mapping[str, str] | None) -> dict[str, Any]:
+    """What a Parquet batch's record says of its schema (Parquet folders have no table schema):
+    ``schema`` (``[[column, Arrow type], ...]`` of ``data_file``, the batch's first data file),
+    ``record_format``, and with a schema registry ``schema_versions`` (version number -> version
+    id the plan decoded with)."""
+    schema = read_schema(data_file, storage_options)
+    about: dict[str, Any] = {"schema": [[f.name, str(f.type)] for f in schema], "record_format": (records or {}).get("format", "raw")}
+    if records and records.get("versions"):
+        about["schema_versions"] = {str(v["number"]): vid for vid, v in sorted(records["versions"].items(), key=lambda kv: kv[1]["number"])}
+    return about
 
 
 class ParquetSink(Sink):
@@ -93,7 +105,8 @@ class ParquetSink(Sink):
             return
         listing = "".join(f"{plan.output_location}/{f.path}\n" for f in files)
         about = {"stream": stream_name_of(plan.stream_name), "consumer": plan.consumer_name, "batch_id": plan.batch_id,
-                 "plan_created_at": plan_marker(plan), "checkpoint_table": plan.checkpoint_table, "files": len(files)}  # fmt: skip
+                 "plan_created_at": plan_marker(plan), "checkpoint_table": plan.checkpoint_table, "files": len(files),
+                 **batch_schema_record(files[0].uri, (plan.output or {}).get("records"), self.storage_options)}  # fmt: skip
         write_text(batch_record_location(self.output_root, plan.batch_id), json.dumps(about, sort_keys=True) + "\n", self.storage_options)
         write_text(committed_record_location(self.output_root, plan.batch_id), listing, self.storage_options)
         write_text(f"{plan.output_location}/_SUCCESS", "", self.storage_options)
