@@ -177,3 +177,38 @@ def test_a_forged_report_that_claims_more_than_the_files_hold_commits_nothing(se
     assert "the files hold 3 up to" in str(info.value)
     head = store.head()
     assert head.committed_batch_id == 0 and head.pending_batch_id == 1 and store.committed_checkpoints() == {}
+
+
+def test_a_forged_report_that_calls_unwritten_records_dead_letters_commits_nothing(setup, kinesis, unique_name, tmp_path):
+    """The files hold the first 3 records of each shard; the forged report counts every record
+    read and calls the rest dead letters (records that did not decode), which no quarantine
+    output holds: committing it would skip them. The commit reads the dead-letter output too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_kinesis_spark.core.schema import arrow_schema
+    from airflow_kinesis_spark.exceptions import ReportValidationError
+    from airflow_kinesis_spark.sinks import build_sink
+    from tests.helpers import read_plan
+
+    store, settings, _ = setup
+    settings = replace(settings, sink=build_sink("parquet", settings.output_root, stream_name=unique_name, consumer_name="lake"))
+    plan = prepare_incremental(kinesis, store, settings, "plan-task").plan
+    rows, reports = read_plan(kinesis, plan)
+    written = [r for shard in sorted({r[0] for r in rows}) for r in [x for x in rows if x[0] == shard][:3]]
+    now = datetime.now(timezone.utc)
+    n = len(written)
+    table = pa.table({
+        "stream_name": [unique_name] * n, "shard_id": [r[0] for r in written], "sequence_number": [r[1] for r in written],
+        "sub_sequence_number": [r[2] for r in written], "partition_key": ["k"] * n, "explicit_hash_key": [None] * n,
+        "approximate_arrival_timestamp": [now] * n, "data": [r[3] for r in written],
+    }, schema=arrow_schema())  # fmt: skip
+    Path(plan.output_location).mkdir(parents=True)
+    pq.write_table(table, f"{plan.output_location}/part-00000.parquet")
+    forged = [replace(r, dead_letters=r.records - 3) for r in reports]
+    store.record_report(plan.batch_id, "plan-task", forged)
+
+    with pytest.raises(ReportValidationError, match="quarantined records and dead letters, the quarantine output holds 0"):
+        commit_handed(store, plan.batch_id, "plan-task", 60.0, sink=settings.sink, plan_digest=plan.digest())
+    head = store.head()
+    assert head.committed_batch_id == 0 and head.pending_batch_id == 1 and store.committed_checkpoints() == {}

@@ -1,0 +1,183 @@
+"""core.records: schemas to column types, the registry wire format, decoding and every dead-letter
+kind, the settings' checks, and the registry's versions read from moto's Glue (over HTTP)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import uuid
+import zlib
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
+import fastavro
+import pyarrow as pa
+import pytest
+
+from airflow_kinesis_spark.core.records import (
+    RecordDecoder,
+    RecordSettings,
+    decoded_schema,
+    gsr_header,
+    parse_ddl,
+    resolve_registry,
+    spark_type,
+)
+from airflow_kinesis_spark.exceptions import TableCommitError
+from demo.typed_producer import click_descriptor, encode_click, register_schemas, register_second_versions
+from tests.conftest import make_client
+
+AVRO = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "note", "type": ["null", "string"], "default": None},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+    {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
+    {"name": "attrs", "type": {"type": "map", "values": "int"}},
+    {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line", "fields": [
+        {"name": "sku", "type": "string"}]}}},
+    {"name": "again", "type": ["null", "Line"], "default": None},
+]}  # fmt: skip
+
+
+def avro_bytes(schema: dict, value: dict) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), value)
+    return out.getvalue()
+
+
+def test_avro_schema_becomes_nullable_typed_columns_with_named_types_and_logical_types():
+    schema = decoded_schema(RecordSettings("avro", schema=json.dumps(AVRO)).to_dict())
+    assert [(f.name, str(f.type)) for f in schema] == [
+        ("id", "int64"), ("note", "string"), ("day", "date32[day]"), ("at", "timestamp[us, tz=UTC]"),
+        ("price", "decimal128(9, 2)"), ("kind", "string"), ("attrs", "map<string, int32>"),
+        ("lines", "list<item: struct<sku: string>>"), ("again", "struct<sku: string>"),
+    ]  # fmt: skip
+    assert all(f.nullable for f in schema)
+    assert spark_type(schema.field("lines").type) == "array<struct<`sku`:string>>"
+
+
+def test_avro_records_decode_with_every_type():
+    value = {"id": 7, "note": None, "day": date(2026, 11, 1), "at": datetime(2026, 11, 1, 1, 2, 3, 4, tzinfo=timezone.utc),
+             "price": Decimal("12.50"), "kind": "B", "attrs": {"x": 1}, "lines": [{"sku": "s"}], "again": {"sku": "t"}}  # fmt: skip
+    decoder = RecordDecoder(RecordSettings("avro", schema=json.dumps(AVRO)).to_dict())
+    out = decoder.decode([avro_bytes(AVRO, value), avro_bytes(AVRO, value) + b"trailing", b"\x02"])
+    row = {f.name: c[0].as_py() for f, c in zip(decoder.schema, out.columns)}
+    assert row == {**value, "attrs": [("x", 1)]}
+    assert out.kinds == [None, "malformed_payload", "malformed_payload"] and out.dead_letters == 2
+    assert "ends at byte" in out.messages[1]
+    assert all(c[1].as_py() is None and c[2].as_py() is None for c in out.columns)  # a dead letter has no values
+
+
+def test_unsupported_avro_union_and_reserved_names_are_refused_when_the_task_is_built():
+    union = {"type": "record", "name": "R", "fields": [{"name": "x", "type": ["int", "string"]}]}
+    with pytest.raises(ValueError, match=r"Avro field x: a union .* has no one column type"):
+        RecordSettings("avro", schema=json.dumps(union))
+    taken = {"type": "record", "name": "R", "fields": [{"name": "shard_id", "type": "string"}]}
+    with pytest.raises(ValueError, match=r"\['shard_id'\] have the names of the provider's metadata columns"):
+        RecordSettings("avro", schema=json.dumps(taken))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"format": "xml"}, "record_format must be one of raw, json, avro, protobuf"),
+    ({"format": "json"}, "needs a schema: record_schema"),
+    ({"format": "json", "schema": "id bigint", "registry": {"registry_name": "r", "schema_name": "s"}}, "one of the two"),
+    ({"format": "avro", "registry": {"registry": "r"}}, "schema_registry must be"),
+    ({"format": "protobuf", "registry": {"schema_arn": "arn"}}, "takes its schema inline"),
+    ({"format": "protobuf", "schema": "AAAA"}, "needs record_message"),
+    ({"format": "raw", "keep_raw_data": True}, "apply to record_format 'json', 'avro' or 'protobuf'"),
+    ({"format": "json", "schema": "id bigint", "max_dead_letter_fraction": 2}, "from 0 to 1"),
+    ({"format": "json", "schema": "id bigint, x frob"}, "unknown type 'frob'"),
+    ({"format": "json", "schema": '{"type": "object", "properties": {"x": {}}}'}, "JSON Schema field x: type None"),
+    ({"format": "protobuf", "schema": "not base64!", "message": "a.B"}, "base64 of a serialized FileDescriptorSet"),
+])  # fmt: skip
+def test_settings_name_the_mistake(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RecordSettings(**kwargs)
+
+
+def test_spark_ddl_parses_nested_types():
+    struct = parse_ddl("id bigint, `odd name` string, tags array<string>, m map<string, array<int>>, "
+                       "s struct<a: int, b: decimal(10, 2)>, d date, t timestamp, f double, v varchar(9)")  # fmt: skip
+    assert str(struct) == ("struct<id: int64, odd name: string, tags: list<item: string>, m: map<string, list<item: int32>>, "
+                           "s: struct<a: int32, b: decimal128(10, 2)>, d: date32[day], t: timestamp[us, tz=UTC], f: double, "
+                           "v: string>")  # fmt: skip
+
+
+JSON_SCHEMA = {"type": "object", "required": ["id"], "properties": {
+    "id": {"type": "integer"}, "at": {"type": "string", "format": "date-time"},
+    "tags": {"type": ["array", "null"], "items": {"type": "string"}},
+    "m": {"type": "object", "properties": {"ok": {"type": "boolean"}}}}}  # fmt: skip
+
+
+def test_json_decodes_strictly_and_every_failure_is_a_dead_letter_of_its_kind():
+    decoder = RecordDecoder(RecordSettings("json", schema=json.dumps(JSON_SCHEMA)).to_dict())
+    records = [b'{"id": 1, "at": "2026-11-27T10:00:00Z", "tags": ["a"], "m": {"ok": true}, "extra": 5}',
+               b'{"id":\n 2}',  # a newline in a pretty-printed record is whitespace
+               b'{"id": 1.5}', b'{"id": 3, "m": {"ok": 1}}', b'{"tags": []}', b'{"id": 4', b"", b'"text"', b'{"id": 5}{"id": 6}']  # fmt: skip
+    out = decoder.decode(records)
+    ids = out.columns[0].to_pylist()
+    assert ids[:2] == [1, 2] and out.columns[1][0].as_py() == datetime(2026, 11, 27, 10, tzinfo=timezone.utc)
+    assert out.columns[3][0].as_py() == {"ok": True}
+    assert out.kinds == [None, None, "wrong_type", "wrong_type", "wrong_type", "malformed_payload", "malformed_payload",
+                         "wrong_type", "malformed_payload"]  # fmt: skip
+    assert "required field 'id'" in out.messages[4]
+    assert ids[2:] == [None] * 7
+
+
+def test_registry_records_decode_by_the_version_each_names_and_bad_headers_are_dead_letters():
+    v1 = {"type": "object", "properties": {"id": {"type": "integer"}}}
+    v2 = {"type": "object", "properties": {"id": {"type": "integer"}, "coupon": {"type": "string"}}}
+    one, two, gone = (str(uuid.uuid4()) for _ in range(3))
+    spec = {**RecordSettings("json", registry={"registry_name": "r", "schema_name": "s"}).to_dict(),
+            "versions": {one: {"number": 1, "data_format": "JSON", "definition": json.dumps(v1)},
+                         two: {"number": 2, "data_format": "JSON", "definition": json.dumps(v2)}}}  # fmt: skip
+    decoder = RecordDecoder(spec)
+    assert decoder.schema.names == ["id", "coupon"]
+    records = [gsr_header(two, compressed=True) + zlib.compress(b'{"id": 2, "coupon": "X"}'),
+               gsr_header(one) + b'{"id": 1, "coupon": "ignored: not a field of version 1"}',
+               gsr_header(gone) + b'{"id": 3}', gsr_header(one, compressed=True) + b"plain",
+               bytes([3, 9]) + uuid.UUID(one).bytes + b"{}", b'{"id": 4}', bytes([3, 0, 1])]  # fmt: skip
+    out = decoder.decode(records)
+    assert out.columns[0].to_pylist()[:2] == [2, 1] and out.columns[1].to_pylist()[:2] == ["X", None]
+    assert out.kinds[2:] == ["unknown_schema_version", "bad_compression", "bad_compression", "malformed_payload", "malformed_payload"]
+
+
+def test_registry_versions_that_retype_a_field_are_refused_naming_it():
+    v1 = {"type": "record", "name": "R", "fields": [{"name": "amount", "type": "long"}]}
+    v2 = {"type": "record", "name": "R", "fields": [{"name": "amount", "type": "string"}]}
+    spec = {**RecordSettings("avro", registry={"schema_arn": "arn"}).to_dict(),
+            "versions": {"a": {"number": 1, "data_format": "AVRO", "definition": json.dumps(v1)},
+                         "b": {"number": 2, "data_format": "AVRO", "definition": json.dumps(v2)}}}  # fmt: skip
+    with pytest.raises(TableCommitError, match=r"field 'amount': earlier versions .* give it type int64, version 2 gives string"):
+        decoded_schema(spec)
+
+
+def test_protobuf_from_an_inline_descriptor():
+    schema, message = click_descriptor()
+    decoder = RecordDecoder(RecordSettings("protobuf", schema=schema, message=message).to_dict())
+    value = {"id": 9, "page": "/cart", "tags": ["a", "b"], "meta": {"browser": "firefox", "width": 1280}}
+    out = decoder.decode([encode_click(value), encode_click({"id": 1}), b"\x0a\xff\xff\xff\xff"])
+    rows = [dict(zip(decoder.schema.names, r)) for r in zip(*(c.to_pylist() for c in out.columns))]
+    assert rows[0] == value
+    assert rows[1] == {"id": 1, "page": "", "tags": [], "meta": None}  # proto3: scalars default, an unset message is null
+    assert out.kinds == [None, None, "malformed_payload"]
+    with pytest.raises(ValueError, match=r"record_message 'demo.Nope' is not in the descriptor set \(messages: demo.Meta, demo.Click\)"):
+        RecordSettings("protobuf", schema=schema, message="demo.Nope")
+    assert base64.b64decode(schema)  # the descriptor set is what the settings store
+
+
+def test_resolve_registry_reads_every_available_version_from_glue(moto_endpoint, unique_name):
+    glue = make_client("glue", moto_endpoint)
+    schemas = register_second_versions(glue, register_schemas(glue, registry_name=unique_name))
+    settings = RecordSettings("avro", registry={"registry_name": unique_name, "schema_name": "orders-avro"})
+    spec = resolve_registry(glue, settings)
+    assert {v["number"]: vid for vid, v in spec["versions"].items()} == {1: schemas.avro.version_id(1), 2: schemas.avro.version_id(2)}
+    assert "channel" in decoded_schema(spec).names
+    by_arn = resolve_registry(glue, RecordSettings("avro", registry={"schema_arn": schemas.avro.arn}))
+    assert by_arn["versions"] == spec["versions"]
+    with pytest.raises(ValueError, match=r"holds JSON schemas, but record_format is 'avro'"):
+        resolve_registry(glue, RecordSettings("avro", registry={"registry_name": unique_name, "schema_name": "orders-json"}))
+    assert pa.types.is_timestamp(decoded_schema(spec).field("placed_at").type)
