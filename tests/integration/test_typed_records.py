@@ -175,3 +175,36 @@ def test_window_redecodes_last_months_records_into_todays_table(
     assert {r["order_id"]: (r["customer"], r["coupon"]) for r in first} == {
         i: (v["customer"], v.get("coupon")) for i, v in {**old.good, **new.good}.items()}
     assert window() == first
+
+
+def test_typed_records_with_enhanced_fan_out_under_spark_submit(aws_conn, dynamodb, moto_endpoint, unique_name, tmp_path):
+    """A Spark DDL schema for JSON records, plain and KPL-aggregated, read with enhanced fan-out
+    (SubscribeToShard through demo.subscribe.FanOutProxy, moto has none) by a spark-submit job."""
+    from demo.producer import put_aggregated
+    from demo.subscribe import FanOutProxy
+    from tests.integration.test_efo import client
+
+    proxy = FanOutProxy(moto_endpoint).start()
+    try:
+        aws_conn(proxy.endpoint)
+        kinesis = client(proxy.endpoint)
+        create_stream(kinesis, unique_name, 2)
+        values = [{"id": i, "tags": [f"t{i}"], "meta": {"score": i * 1.5}} for i in range(60)]
+        put_plain(kinesis, unique_name, [(f"p{i}", json.dumps(v).encode()) for i, v in enumerate(values[:30])])
+        put_aggregated(kinesis, unique_name, [(f"a{i}", json.dumps(v).encode()) for i, v in enumerate(values[30:])])
+        put_plain(kinesis, unique_name, [("bad", b'{"id": "not a number"}')])
+        summary = KinesisToSparkOperator(
+            task_id="ingest", stream_name=unique_name, consumer_name="fan-out", checkpoint_table=f"{unique_name}_cp",
+            output_path=str(tmp_path / "out"), min_call_interval=0.0, consumer_type="efo", record_format="json",
+            record_schema="id bigint, tags array<string>, meta struct<score: double>", max_dead_letter_fraction=0.05,
+        ).execute({})  # fmt: skip
+        assert summary["records"] == 61 and summary["dead_letters"] == 1 and proxy.stats["subscriptions"] >= 2
+        table = pq.read_table(summary["output_path"])
+        assert "data" not in table.column_names
+        assert sorted((r["id"], r["tags"], r["meta"]["score"]) for r in table.to_pylist()) == [
+            (v["id"], v["tags"], v["meta"]["score"]) for v in values]
+        assert [k for _, _, k in dead_letters(summary)] == ["wrong_type"]
+        record = json.loads((tmp_path / "out" / "_committed" / "batch_id=1" / "_batch.json").read_text())
+        assert record["record_format"] == "json" and ["meta", "struct<score: double>"] in record["schema"]
+    finally:
+        proxy.stop()
