@@ -218,3 +218,69 @@ def test_a_deferrable_commit_task_defers_only_while_no_report_is_recorded(aws_co
     assert head.pending_batch_id is None and head.committed_batch_id == handover["batch_id"]
     again = commit.execute(context_for(commit, xcoms))  # a retried commit task: committed already, no deferral either
     assert again["status"] == "committed" and store.head().committed_batch_id == handover["batch_id"]
+
+
+def test_a_split_group_with_typed_records_carries_the_schema_in_the_plan_and_counts_dead_letters(
+    aws_conn, kinesis, dynamodb, unique_name, tmp_path
+):
+    """record_format on the task group: the plan task stores the record spec in the plan, the job
+    (``core.job.run_handed_batch`` with a pyarrow writer in place of Spark, decoding with
+    ``core.records.RecordDecoder`` as the Spark job does) writes typed rows and dead letters, the
+    commit task checks them against the dead-letter output and counts them."""
+    import json
+    import os
+    import shutil
+    from dataclasses import replace
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_kinesis_spark.core.job import job_arguments_from, run_handed_batch
+    from airflow_kinesis_spark.core.records import RecordDecoder
+    from demo.producer import put_plain
+    from tests.helpers import read_plan
+
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"}}}
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [(f"k{i}", json.dumps({"id": i, "name": f"n{i}"}).encode()) for i in range(9)] + [("bad", b"{")])
+    output = tmp_path / "out"
+
+    @dag(dag_id="typed_split", schedule=None)
+    def typed():
+        kinesis_batch_task_group(
+            "g", job=lambda arguments: BaseOperator(task_id="job"), stream_name=unique_name, consumer_name="lake",
+            checkpoint_table=f"{unique_name}_t", output_path=str(output), record_format="json", record_schema=json.dumps(schema),
+            max_dead_letter_fraction=0.2,
+        )  # fmt: skip
+
+    split = typed()
+    plan_task, commit = split.get_task("g.plan"), split.get_task("g.commit")
+    xcoms: dict[tuple[str, str], Any] = {}
+    xcoms[("g.plan", BaseXCom.XCOM_RETURN_KEY)] = plan_task.execute(context_for(plan_task, xcoms))
+    arguments = job_arguments_from(xcoms[("g.plan", JOB_ARGUMENTS_KEY)])
+    store = DynamoDBCheckpointStore(dynamodb, arguments.checkpoint_table, arguments.stream_name, arguments.consumer_name)
+    records = store.pending_plan(store.head()).output["records"]
+    assert records["format"] == "json" and json.loads(records["schema"]) == schema
+
+    def write(plan, location):
+        rows, reports = read_plan(kinesis, plan)
+        decoded = RecordDecoder(plan.output["records"]).decode([r[3] for r in rows])
+        keep = pa.array([k is None for k in decoded.kinds])
+        table = pa.table({"shard_id": [r[0] for r in rows], "sequence_number": [r[1] for r in rows],
+                          "sub_sequence_number": pa.array([r[2] for r in rows], pa.int64()),
+                          **dict(zip(["id", "name"], decoded.columns))})  # fmt: skip
+        os.makedirs(f"{location}/_quarantine")
+        pq.write_table(table.filter(keep), f"{location}/part-0.parquet")
+        pq.write_table(table.filter(pa.compute.invert(keep)).select(["shard_id", "sequence_number", "sub_sequence_number"]),
+                       f"{location}/_quarantine/part-0.parquet")  # fmt: skip
+        reports = [replace(r, dead_letters=decoded.dead_letters) for r in reports]
+        return {"records": len(rows), "quarantine_location": f"{location}/_quarantine", "reports": [r.to_dict() for r in reports]}
+
+    def publish(staging, target):
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(staging, target)
+
+    run_handed_batch(store, arguments, write=write, publish=publish, discard=lambda s: shutil.rmtree(s, True), cancel=lambda: None)
+    summary = commit.execute(context_for(commit, xcoms))
+    assert summary["status"] == "committed" and summary["records"] == 10 and summary["dead_letters"] == 1
+    assert pq.read_table(summary["output_path"]).column("id").to_pylist() == list(range(9))
