@@ -18,6 +18,7 @@ __all__ = [
     "DataLossError",
     "CorruptAggregateError",
     "ReportValidationError",
+    "DeadLetterLimitError",
     "EndpointUnreachableError",
     "PendingPlanMismatchError",
     "ReportNotRecordedError",
@@ -30,7 +31,16 @@ __all__ = [
 
 
 class KinesisSparkError(Exception):
-    """Base class. ``fields`` are kept so the error pickles with its message intact."""
+    """Base class. ``fields`` are kept so the error pickles with its message intact.
+
+    ``retryable`` says whether a retry of the task can help: ``True`` (the default) for what may
+    pass (a lease still held, a report not recorded yet, an endpoint down), ``False`` for what a
+    retry finds again (a lost conditional write, a plan or report that does not fit, records that
+    would be lost, a table that refuses the batch, a corrupt item). The operators map errors by
+    this attribute alone (``airflow_kinesis_spark.failures.task_errors``).
+    """
+
+    retryable: bool = True
 
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
@@ -92,6 +102,8 @@ class StreamAccessDeniedError(KinesisSparkError):
 class CheckpointConflictError(KinesisSparkError):
     """A conditional write on the checkpoint store lost to another writer. Never retried blindly."""
 
+    retryable = False
+
 
 class BatchLeaseHeldError(KinesisSparkError):
     """Another run holds the pending batch and its lease is alive. Retryable: wait for it."""
@@ -100,11 +112,15 @@ class BatchLeaseHeldError(KinesisSparkError):
 class DataLossError(KinesisSparkError):
     """Records would be skipped (trim horizon passed, shard vanished unread). Needs ``allow_data_loss``."""
 
+    retryable = False
+
 
 class PendingPlanMismatchError(KinesisSparkError):
     """The pending plan stored in the checkpoint table is not what this task would plan (another
     stream, consumer, checkpoint table or output location). Nothing is read or written; a retry
     cannot help until the pending batch is discarded or the task's settings are put back."""
+
+    retryable = False
 
 
 class CorruptAggregateError(KinesisSparkError):
@@ -113,6 +129,8 @@ class CorruptAggregateError(KinesisSparkError):
 
 class ReportValidationError(KinesisSparkError):
     """The Spark job's per-shard report does not match the batch plan; nothing is committed."""
+
+    retryable = False
 
 
 class DeadLetterLimitError(ReportValidationError):
@@ -142,6 +160,8 @@ class TableCommitError(KinesisSparkError):
     files do not fit the table's schema or partitioning, or a window cannot replace its rows.
     Nothing is committed; the batch stays pending."""
 
+    retryable = False
+
 
 class OutputOwnedError(TableCommitError):
     """The output root or table belongs to another (stream, consumer), or is declared shared by
@@ -169,6 +189,8 @@ class PlanBindingError(KinesisSparkError):
     stream, consumer, batch or output location. Nothing is read or written; a retry of the same
     job cannot help. Fields: ``batch_id``, ``problems`` (one line each)."""
 
+    retryable = False
+
 
 class CheckpointStoreCorruptError(KinesisSparkError):
     """An item of the checkpoint table is not what the provider writes there: an attribute missing
@@ -180,6 +202,8 @@ class CheckpointStoreCorruptError(KinesisSparkError):
     Fields: ``table_name``, ``pk`` and ``sk`` (the item's key), ``field`` (a path into the item:
     ``committed_batch_id``, ``body``, ``ranges[2].start_checkpoint.type``), ``problem``.
     """
+
+    retryable = False
 
     @classmethod
     def for_item(

@@ -8,12 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.admin import discard_pending, rewind
 from airflow_kinesis_spark.core.consumers import deregister_stream_consumer
 from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS
-from airflow_kinesis_spark.exceptions import CheckpointConflictError, CheckpointStoreCorruptError
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 
 __all__ = ["KinesisCheckpointRewindOperator", "KinesisDiscardPendingBatchOperator", "KinesisDeregisterStreamConsumerOperator"]
@@ -82,11 +81,9 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
         owner = f"rewind.{self.task_id}.{uuid.uuid4().hex[:8]}"
-        try:
+        with task_errors():
             result = rewind(self.kinesis_hook.conn, store, self.to, dry_run=self.dry_run, discard_pending=self.discard_pending,
                             output_path=self.output_path or None, owner=owner, lease_seconds=self.lease_seconds)  # fmt: skip
-        except (CheckpointConflictError, CheckpointStoreCorruptError) as err:
-            raise AirflowFailException(str(err)) from err
         verb = "would set" if self.dry_run else "set"
         for shard_id, change in result["shards"].items():
             self.log.info("%s: %s -> %s (%s)", shard_id, change["from"], change["to"], verb)
@@ -155,11 +152,9 @@ class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
         owner = f"discard.{self.task_id}.{uuid.uuid4().hex[:8]}"
-        try:
+        with task_errors():
             result = discard_pending(store, output_path=self.output_path or None, dry_run=self.dry_run, owner=owner,
                                      lease_seconds=self.lease_seconds)  # fmt: skip
-        except (CheckpointConflictError, CheckpointStoreCorruptError) as err:
-            raise AirflowFailException(str(err)) from err
         if result["discarded_batch_id"] is None:
             self.log.info("Consumer %s has no pending batch (committed batch %s): nothing to discard",
                           self.consumer_name, result["committed_batch_id"])  # fmt: skip

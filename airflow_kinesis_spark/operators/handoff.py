@@ -7,17 +7,11 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_kinesis_spark.failures import raise_event_error, task_errors
 from airflow_kinesis_spark.core.job import handed_batch_state
 from airflow_kinesis_spark.core.protocol import commit_handed
 from airflow_kinesis_spark.hooks.spark import consumer_key, sweep_leftover_temp_dirs
-from airflow_kinesis_spark.exceptions import (
-    CheckpointConflictError,
-    CheckpointStoreCorruptError,
-    PlanBindingError,
-    ReportNotRecordedError,
-    ReportValidationError,
-    TableCommitError,
-)
+from airflow_kinesis_spark.exceptions import ReportNotRecordedError
 
 __all__ = ["commit_event", "commit_or_raise", "handed_event"]
 
@@ -38,11 +32,8 @@ def commit_or_raise(
     :raises ReportNotRecordedError: (retryable) no report recorded yet.
     :raises BatchLeaseHeldError: (retryable) a driver of the batch still holds its lease.
     """
-    try:
+    with task_errors():
         summary = commit_handed(store, batch_id, lease_owner, lease_seconds, reused=reused, sink=sink, plan_digest=plan_digest)
-    except (CheckpointConflictError, ReportValidationError, TableCommitError, PlanBindingError,
-            CheckpointStoreCorruptError) as err:  # fmt: skip
-        raise AirflowFailException(str(err)) from err
     # The batch is committed: a failed detached job's directory of it (or of an earlier batch), kept
     # on this worker for its log, can no longer be of use.
     sweep_leftover_temp_dirs(committed={consumer_key(store.stream_name, store.consumer_name): batch_id})
@@ -77,7 +68,8 @@ def commit_event(
     :returns: the batch summary (``reported`` and ``committed``).
     :raises AirflowFailException: ``taken_over`` or ``not_pending`` (another run moved on; no retry).
     :raises ReportNotRecordedError: ``no_report`` (retryable: the plan stays pending).
-    :raises RuntimeError: ``error``: the trigger could not read the store (retryable).
+    :raises RuntimeError: ``error``: the trigger could not read the store (retryable), or
+        ``AirflowFailException`` when the error says a retry cannot help (a corrupt item).
     """
     status = event.get("status")
     if status in ("reported", "committed"):
@@ -88,4 +80,4 @@ def commit_event(
         raise AirflowFailException(f"{message}: another run of this consumer moved on. This run's output is not committed.")
     if status == "no_report":
         raise ReportNotRecordedError(f"{message}. {AFTER}", batch_id=event.get("batch_id"))
-    raise RuntimeError(f"Waiting for the batch's report failed: {message}. {AFTER}")
+    raise_event_error(f"Waiting for the batch's report failed: {message}. {AFTER}", event)

@@ -15,8 +15,8 @@ from urllib.parse import urlparse
 
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.configuration import conf
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
 from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
@@ -33,15 +33,6 @@ from airflow_kinesis_spark.core.protocol import (
 from airflow_kinesis_spark.core.reader import READ_BYTES_PER_SECOND, ReadOptions
 from airflow_kinesis_spark.core.store import DEFAULT_KEEP_BATCHES
 from airflow_kinesis_spark.core.transform import check_transform_spec, parse_allowed_modules, resolve_transform
-from airflow_kinesis_spark.exceptions import (
-    CheckpointConflictError,
-    CheckpointStoreCorruptError,
-    DataLossError,
-    PendingPlanMismatchError,
-    PlanBindingError,
-    ReportValidationError,
-    TableCommitError,
-)
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.operators.handoff import commit_event
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
@@ -439,14 +430,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.validate()
-        try:
+        with task_errors():  # a retry cannot help (KinesisSparkError.retryable): fail without retries
             summary = self._run_batch(context)
-        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError, TableCommitError,
-                PlanBindingError, CheckpointStoreCorruptError) as err:  # fmt: skip
-            # A retry cannot help: another writer won, the job disagrees with its plan, records
-            # would be lost, the batch's files do not fit the table, or an item of the checkpoint
-            # table is corrupt. Fail without retries; nothing was committed.
-            raise AirflowFailException(str(err)) from err
         self._publish(context, summary)
         return summary
 

@@ -35,17 +35,9 @@ from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
 from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, prepare_incremental
-from airflow_kinesis_spark.exceptions import (
-    CheckpointConflictError,
-    CheckpointStoreCorruptError,
-    DataLossError,
-    PendingPlanMismatchError,
-    PlanBindingError,
-    ReportValidationError,
-    TableCommitError,
-)
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
 from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise, handed_event
@@ -103,11 +95,8 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
         self.validate()
         store = self._store()
         owner = self._owner(context)
-        try:
+        with task_errors():
             prepared = prepare_incremental(self.kinesis_hook.conn, store, self._settings(context), owner)
-        except (CheckpointConflictError, ReportValidationError, DataLossError, PendingPlanMismatchError, TableCommitError,
-                PlanBindingError, CheckpointStoreCorruptError) as err:  # fmt: skip
-            raise AirflowFailException(str(err)) from err
         ti = context.get("ti")
         if prepared.summary is not None:
             summary = prepared.summary
@@ -247,10 +236,8 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
             handed_at = time.time()
             # Read the head first: a job task that ran before this one has recorded its report
             # already (commit now, in this worker); defer only while the job may still record it.
-            try:
+            with task_errors():  # a malformed head: a retry reads the same
                 event = handed_event(store, batch_id, owner, lease, handed_at=handed_at, job_start_timeout=self.job_start_timeout)
-            except CheckpointStoreCorruptError as err:  # a malformed head: a retry reads the same
-                raise AirflowFailException(str(err)) from err
             if event is None:
                 self.defer(
                     trigger=KinesisBatchReportTrigger(

@@ -10,6 +10,7 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_kinesis_spark.failures import raise_event_error
 from airflow_kinesis_spark.core.lag import (
     backlog_ready,
     measure_lag,
@@ -95,7 +96,7 @@ class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
             message = f"{type(self).__name__} trigger failed: {(event or {}).get('message', event)}"
             if self.soft_fail:
                 raise AirflowSkipException(message)
-            raise RuntimeError(message)
+            raise_event_error(message, event)
         return self.complete(event)
 
     def complete(self, event: dict[str, Any]) -> Any:

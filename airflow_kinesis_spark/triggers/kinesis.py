@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
+from airflow_kinesis_spark.failures import error_event
 from airflow_kinesis_spark.core import aio
 from airflow_kinesis_spark.core.job import handed_batch_state
 from airflow_kinesis_spark.core.lag import (
@@ -134,8 +135,8 @@ class _ConsumerTrigger(BaseTrigger):
                         yield TriggerEvent(payload)
                         return
                     await asyncio.sleep(self.poke_interval)
-        except Exception as err:  # noqa: BLE001 - reported to the task, which fails with it
-            yield TriggerEvent({"status": "error", "message": f"{type(err).__name__}: {err}"})
+        except Exception as err:  # noqa: BLE001 - reported to the task, which fails with it (retried if it may pass)
+            yield TriggerEvent(error_event(err))
 
 
 class KinesisShardLagTrigger(_ConsumerTrigger):
