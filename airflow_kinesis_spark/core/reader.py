@@ -1,4 +1,7 @@
-"""Read one planned shard range: shard iterators, paging, backoff, de-aggregation, stop rules.
+"""Read one planned shard range: shard iterators, paging, backoff, stop rules.
+
+KPL aggregates are split into their user records by :mod:`airflow_kinesis_spark.core.kpl`; many
+ranges are probed at once by :mod:`airflow_kinesis_spark.core.probes`.
 
 This module is the only place where the stop rules live (DESIGN.md, batch protocol step 2).
 A range is read from its start position until the first of:
@@ -19,34 +22,28 @@ No Airflow import: this module runs in Spark executors.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
 from itertools import chain, repeat
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
-# aws_kinesis_agg's generated messages_pb2 imports "config_pb2" as a top-level module; its
-# deaggregator module puts the package folder on sys.path first. Import it for that side effect.
-import aws_kinesis_agg
-import aws_kinesis_agg.deaggregator  # noqa: F401
-import google.protobuf.message
 import urllib3.exceptions
 from botocore.exceptions import HTTPClientError
-from aws_kinesis_agg import messages_pb2
 
+from airflow_kinesis_spark.core.kpl import _user_records, _Users
 from airflow_kinesis_spark.core.names import stream_params
-from airflow_kinesis_spark.core.pool import pool_threads
 from airflow_kinesis_spark.core.positions import ExtendedSequenceNumber, to_utc
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.exceptions import CorruptAggregateError
+
+# moved to core.kpl / core.probes; kept importable here until the importers move
+from airflow_kinesis_spark.core.kpl import deaggregate  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +51,9 @@ __all__ = [
     "UserRecord",
     "Page",
     "ShardReader",
-    "deaggregate",
     "read_concurrently",
     "ReadOptions",
     "probe_range",
-    "probe_ranges",
-    "log_probes",
     "GET_RECORDS_MAX_LIMIT",
     "GET_RECORDS_MAX_BYTES",
     "READ_BYTES_PER_SECOND",
@@ -211,87 +205,6 @@ class UserRecord(NamedTuple):
     data: bytes
     #: Set for a Kinesis record that is quarantined (``data`` is then its raw bytes), else ``None``.
     quarantine_reason: str | None = None
-
-
-class _Users(NamedTuple):
-    """The user records of one Kinesis record, column by column (equal-length lists).
-
-    ``partition_key_index`` / ``explicit_hash_key_index`` (``-1``: none) point into the
-    aggregate's key tables, so a per-key question (is this hash key in the shard's range?) is
-    answered once per table entry, not once per user record.
-    """
-
-    sub_sequence_numbers: list[int | None]
-    partition_keys: list[str]
-    explicit_hash_keys: list[str | None]
-    datas: list[bytes]
-    partition_key_index: list[int]
-    explicit_hash_key_index: list[int]
-    partition_key_table: list[str]
-    explicit_hash_key_table: list[str]
-
-    def out_of_range(self, low: int, high: int) -> int:
-        """User records whose explicit hash key (else the MD5 of the partition key, as Kinesis
-        maps keys to shards) lies outside ``low..high``."""
-        outside_ehk = [not low <= int(k) <= high for k in self.explicit_hash_key_table]
-        if not any(outside_ehk) and -1 not in self.explicit_hash_key_index:
-            return 0
-        outside_pk: dict[int, bool] = {}
-        count = 0
-        for pk, ehk in zip(self.partition_key_index, self.explicit_hash_key_index, strict=True):
-            if ehk >= 0:
-                count += outside_ehk[ehk]
-            else:
-                if pk not in outside_pk:
-                    value = int(hashlib.md5(self.partition_key_table[pk].encode()).hexdigest(), 16)  # noqa: S324
-                    outside_pk[pk] = not low <= value <= high
-                count += outside_pk[pk]
-        return count
-
-
-def _user_records(data: bytes, partition_key: str) -> _Users:
-    """:func:`deaggregate`, column by column; ``sub_sequence_numbers`` is ``[None]`` for a record
-    that is not aggregated (its index lists are then empty)."""
-    magic = aws_kinesis_agg.MAGIC
-    digest_size = aws_kinesis_agg.DIGEST_SIZE
-    if not data.startswith(magic) or len(data) <= len(magic) + digest_size:
-        return _Users([None], [partition_key], [None], [data], [], [], [], [])
-    body, digest = data[len(magic) : -digest_size], data[-digest_size:]
-    if hashlib.md5(body).digest() != digest:  # noqa: S324 - the KPL format's checksum
-        raise CorruptAggregateError("KPL aggregate failed its MD5 check", reason="md5_mismatch")
-    aggregate = messages_pb2.AggregatedRecord()
-    try:
-        aggregate.ParseFromString(body)
-        keys = list(aggregate.partition_key_table)
-        hash_keys = list(aggregate.explicit_hash_key_table)
-        records = aggregate.records
-        pk_index = [r.partition_key_index for r in records]
-        ehk_index = [r.explicit_hash_key_index if r.HasField("explicit_hash_key_index") else -1 for r in records]
-        datas = [r.data for r in records]
-        partition_keys = [keys[i] for i in pk_index]
-        explicit_hash_keys = [hash_keys[i] if i >= 0 else None for i in ehk_index]
-    except (google.protobuf.message.DecodeError, IndexError) as err:
-        raise CorruptAggregateError(f"KPL aggregate does not parse: {err}", reason="bad_protobuf") from err
-    return _Users(list(range(len(datas))), partition_keys, explicit_hash_keys, datas, pk_index, ehk_index, keys, hash_keys)
-
-
-def deaggregate(data: bytes, partition_key: str) -> list[tuple[int | None, str, str | None, bytes]]:
-    """Split a Kinesis record's data into its user records.
-
-    The KPL aggregation format is ``MAGIC + AggregatedRecord protobuf + MD5(protobuf)``
-    (awslabs/amazon-kinesis-producer, aggregation-format.md); the magic, digest size and protobuf
-    message definitions come from aws_kinesis_agg. Unlike its ``deaggregate_records``, a record
-    that carries the magic but fails the MD5 check or does not parse is an error here, never a
-    user record.
-
-    :param data: the Kinesis record's ``Data`` (raw bytes, as boto3 returns it).
-    :param partition_key: the Kinesis record's ``PartitionKey``.
-    :returns: ``[(sub_sequence_number, partition_key, explicit_hash_key, data)]``; a record that
-        is not aggregated gives one tuple with sub-sequence number ``None``.
-    :raises CorruptAggregateError: on an MD5 mismatch or a protobuf that does not parse.
-    """
-    users = _user_records(data, partition_key)
-    return list(zip(users.sub_sequence_numbers, users.partition_keys, users.explicit_hash_keys, users.datas, strict=True))
 
 
 class Page:
@@ -705,7 +618,7 @@ class ShardReader:
         report = self.finish()
         p = self._p
         # DEBUG: the task log's line per shard range is the protocol's, from the reports
-        # (core.protocol.log_outcome); a batch's probes are summed up by log_probes.
+        # (core.protocol.log_outcome); a batch's probes are summed up by core.probes.log_probes.
         if self.probe:
             log.debug("shard %s: probe from %s found %s", self.range.shard_id, self.range.start,
                       f"a record ({report.first})" if report.first else f"nothing to read ({report.stop_reason})")  # fmt: skip
@@ -967,155 +880,17 @@ def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader
     return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]
 
 
-#: Probe threads per connection the Kinesis client pools (:func:`probe_ranges`): a probe that
-#: re-reads a KPL aggregate waits ``min_call_interval`` (0.2 s) between its two ``GetRecords``
-#: calls on one shard, holding no connection meanwhile; other probes use the connections then.
-PROBE_THREADS_PER_CONNECTION = 8
+#: Names moved to :mod:`airflow_kinesis_spark.core.probes`, which imports this module: they are
+#: imported from there on first use (:func:`__getattr__`), not at import time, so that no import
+#: cycle arises.
+_MOVED_TO_PROBES = frozenset({"probe_ranges", "log_probes"})
 
 
-class _ProbesStopped(Exception):
-    """Raised into a probe when another one found a user record (``probe_ranges(until_record=True)``)."""
+def __getattr__(name: str) -> Any:
+    """``probe_ranges`` and ``log_probes`` (moved to core.kpl / core.probes; kept importable here
+    until the importers move)."""
+    if name in _MOVED_TO_PROBES:
+        from airflow_kinesis_spark.core import probes
 
-
-class _ProbeGate:
-    """Lets at most ``limit`` calls of the probes' shared client be in flight at once (botocore
-    pools ``max_pool_connections`` connections; a call beyond them opens one and throws it away:
-    "Connection pool is full"), whatever the number of probe threads. A probe that made its first
-    call goes before probes that have not started, so the started ones finish first; with
-    ``stop`` set, a call raises :class:`_ProbesStopped` instead.
-
-    A finished call wakes one waiting probe (a started one if any waits), not every probe
-    thread: at 256 shards there are 80 of them, and waking them all after each call cost more
-    CPU than the calls themselves."""
-
-    def __init__(self, limit: int, stop: threading.Event) -> None:
-        self.limit = max(1, limit)
-        self.stop = stop
-        self._lock = threading.Lock()
-        self._started_turn = threading.Condition(self._lock)  # probes that made their first call
-        self._first_turn = threading.Condition(self._lock)  # probes that have not
-        self._in_flight = 0
-        self._continuing = 0  # started probes waiting for a connection
-
-    @contextmanager
-    def call(self, first: bool) -> Iterator[None]:
-        with self._lock:
-            if first:
-                while self._in_flight >= self.limit or self._continuing:
-                    self._first_turn.wait()
-            else:
-                self._continuing += 1
-                try:
-                    while self._in_flight >= self.limit:
-                        self._started_turn.wait()
-                finally:
-                    self._continuing -= 1
-            if self.stop.is_set():
-                self._wake()  # each stopped probe wakes the next, until all waiting ones left
-                raise _ProbesStopped()
-            self._in_flight += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-                self._wake()
-
-    def _wake(self) -> None:
-        """Hand a free connection to one waiting probe, a started one first (the lock is held)."""
-        (self._started_turn if self._continuing else self._first_turn).notify()
-
-
-class _GatedClient:
-    """One probe's view of the shared client: each API call passes the :class:`_ProbeGate`."""
-
-    def __init__(self, client: Any, gate: _ProbeGate) -> None:
-        self._client = client
-        self._gate = gate
-        self._started = False
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._client, name)
-        if name.startswith("_") or name in ("exceptions", "meta") or not callable(attribute):
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            first, self._started = not self._started, True
-            with self._gate.call(first):
-                return attribute(*args, **kwargs)
-
-        return call
-
-
-def probe_ranges(
-    client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False, **reader_kwargs: Any
-) -> list[ShardReport]:
-    """Probe every range (see :func:`probe_reader`) in parallel threads; reports in ``ranges``' order.
-
-    The threads share ``client``, and at most as many of its calls are in flight at once as it
-    pools HTTP connections (botocore's ``max_pool_connections``, default 10), so no connection is
-    opened and discarded ("Connection pool is full") however many shards the stream has. There
-    are :data:`PROBE_THREADS_PER_CONNECTION` times as many threads (at most one per range): a
-    probe paced between two calls on its shard (``min_call_interval``) leaves the connections to
-    the others.
-
-    :param until_record: stop at the first probe that finds a user record: a batch's job reads
-        every planned range once any range has a record, so the other probes would tell nothing
-        more (each costs ``GetShardIterator`` and ``GetRecords``). Ranges whose probe had not
-        started by then are not probed and have no report: the list then holds fewer reports
-        than ``ranges`` (still in their order). A probe that finds only quarantined records does
-        not stop the others. Without a user record in any range every range is probed.
-    """
-    if not ranges:
-        return []
-    found = threading.Event()
-
-    connections = pool_threads(client, len(ranges))
-    gate = _ProbeGate(connections, found)
-
-    def probe(rng: ShardRange) -> ShardReport | None:
-        try:
-            report = probe_range(_GatedClient(client, gate), stream_name, rng, **reader_kwargs)
-        except _ProbesStopped:
-            return None
-        if until_record and report.records:
-            found.set()
-        return report
-
-    with ThreadPoolExecutor(max_workers=min(len(ranges), connections * PROBE_THREADS_PER_CONNECTION)) as pool:
-        return [r for r in pool.map(probe, ranges) if r is not None]
-
-
-#: Shard ids a log line lists before it says how many more there are.
-LOGGED_SHARD_IDS = 5
-
-
-def _shard_list(shard_ids: Sequence[str]) -> str:
-    """``a, b, c`` (at most :data:`LOGGED_SHARD_IDS`, then ``and N more``), for log lines."""
-    ids = list(dict.fromkeys(shard_ids))
-    more = len(ids) - LOGGED_SHARD_IDS
-    return ", ".join(ids[:LOGGED_SHARD_IDS]) + (f" and {more} more" if more > 0 else "")
-
-
-def log_probes(reports: Sequence[ShardReport], planned: int | None = None) -> None:
-    """One INFO line for a batch's or a window's probes (:func:`probe_ranges`; logged by
-    ``core.protocol``): which ranges have a record to read and which have none, with the rule that
-    ended each empty probe (``cutoff``, ``caught_up``, ``shard_end``). A probe reads at most one
-    Kinesis record; it is not the batch's read.
-
-    :param planned: the number of planned ranges, when the probes stopped at the first record
-        (``probe_ranges(until_record=True)``): the line then says how many were not probed.
-    """
-    found = [r.shard_id for r in reports if r.records or r.quarantined]
-    empty: dict[str, list[str]] = {}
-    for r in reports:
-        if not (r.records or r.quarantined):
-            empty.setdefault(r.stop_reason, []).append(r.shard_id)
-    nothing = "; ".join(f"{reason}: {_shard_list(ids)}" for reason, ids in sorted(empty.items()))
-    skipped = (planned or 0) - len(reports)
-    log.info(
-        "Probed %d%s shard ranges (a first record each, GetRecords Limit 1): records to read in %d%s, nothing to read in %d%s%s",
-        len(reports), f" of {planned}" if skipped > 0 else "", len(found), f" ({_shard_list(found)})" if found else "",
-        len(reports) - len(found), f" ({nothing})" if nothing else "",
-        f"; {skipped} not probed (a record was found: the job reads every range)" if skipped > 0 else "",
-    )  # fmt: skip
+        return getattr(probes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

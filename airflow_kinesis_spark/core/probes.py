@@ -1,0 +1,187 @@
+"""Probes: which planned ranges have a record to read, at most one Kinesis record each.
+
+Before a batch starts its job (and for a window or a lag measurement) every range is probed
+(:func:`probe_ranges`) with a reader capped at one record
+(:func:`~airflow_kinesis_spark.core.reader.probe_reader`): a probe that finds nothing is the full
+report of an empty range, and a batch whose probes find nothing needs no Spark job. The probes run
+in threads over one shared client, with no more of its calls in flight than it pools connections.
+:func:`log_probes` sums them up in one log line.
+
+No Airflow import.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from airflow_kinesis_spark.core import reader
+from airflow_kinesis_spark.core.pool import pool_threads
+from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
+
+# The reader's logger, as before the probes left core.reader: a logging configuration that
+# selects the probes' line by its logger's name keeps working.
+log = logging.getLogger(reader.__name__)
+
+__all__ = ["probe_ranges", "log_probes"]
+
+
+#: Probe threads per connection the Kinesis client pools (:func:`probe_ranges`): a probe that
+#: re-reads a KPL aggregate waits ``min_call_interval`` (0.2 s) between its two ``GetRecords``
+#: calls on one shard, holding no connection meanwhile; other probes use the connections then.
+PROBE_THREADS_PER_CONNECTION = 8
+
+
+class _ProbesStopped(Exception):
+    """Raised into a probe when another one found a user record (``probe_ranges(until_record=True)``)."""
+
+
+class _ProbeGate:
+    """Lets at most ``limit`` calls of the probes' shared client be in flight at once (botocore
+    pools ``max_pool_connections`` connections; a call beyond them opens one and throws it away:
+    "Connection pool is full"), whatever the number of probe threads. A probe that made its first
+    call goes before probes that have not started, so the started ones finish first; with
+    ``stop`` set, a call raises :class:`_ProbesStopped` instead.
+
+    A finished call wakes one waiting probe (a started one if any waits), not every probe
+    thread: at 256 shards there are 80 of them, and waking them all after each call cost more
+    CPU than the calls themselves."""
+
+    def __init__(self, limit: int, stop: threading.Event) -> None:
+        self.limit = max(1, limit)
+        self.stop = stop
+        self._lock = threading.Lock()
+        self._started_turn = threading.Condition(self._lock)  # probes that made their first call
+        self._first_turn = threading.Condition(self._lock)  # probes that have not
+        self._in_flight = 0
+        self._continuing = 0  # started probes waiting for a connection
+
+    @contextmanager
+    def call(self, first: bool) -> Iterator[None]:
+        with self._lock:
+            if first:
+                while self._in_flight >= self.limit or self._continuing:
+                    self._first_turn.wait()
+            else:
+                self._continuing += 1
+                try:
+                    while self._in_flight >= self.limit:
+                        self._started_turn.wait()
+                finally:
+                    self._continuing -= 1
+            if self.stop.is_set():
+                self._wake()  # each stopped probe wakes the next, until all waiting ones left
+                raise _ProbesStopped()
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._wake()
+
+    def _wake(self) -> None:
+        """Hand a free connection to one waiting probe, a started one first (the lock is held)."""
+        (self._started_turn if self._continuing else self._first_turn).notify()
+
+
+class _GatedClient:
+    """One probe's view of the shared client: each API call passes the :class:`_ProbeGate`."""
+
+    def __init__(self, client: Any, gate: _ProbeGate) -> None:
+        self._client = client
+        self._gate = gate
+        self._started = False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if name.startswith("_") or name in ("exceptions", "meta") or not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            first, self._started = not self._started, True
+            with self._gate.call(first):
+                return attribute(*args, **kwargs)
+
+        return call
+
+
+def probe_ranges(
+    client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False, **reader_kwargs: Any
+) -> list[ShardReport]:
+    """Probe every range (see :func:`~airflow_kinesis_spark.core.reader.probe_reader`) in parallel
+    threads; reports in ``ranges``' order.
+
+    The threads share ``client``, and at most as many of its calls are in flight at once as it
+    pools HTTP connections (botocore's ``max_pool_connections``, default 10), so no connection is
+    opened and discarded ("Connection pool is full") however many shards the stream has. There
+    are :data:`PROBE_THREADS_PER_CONNECTION` times as many threads (at most one per range): a
+    probe paced between two calls on its shard (``min_call_interval``) leaves the connections to
+    the others.
+
+    :param until_record: stop at the first probe that finds a user record: a batch's job reads
+        every planned range once any range has a record, so the other probes would tell nothing
+        more (each costs ``GetShardIterator`` and ``GetRecords``). Ranges whose probe had not
+        started by then are not probed and have no report: the list then holds fewer reports
+        than ``ranges`` (still in their order). A probe that finds only quarantined records does
+        not stop the others. Without a user record in any range every range is probed.
+    """
+    if not ranges:
+        return []
+    found = threading.Event()
+
+    connections = pool_threads(client, len(ranges))
+    gate = _ProbeGate(connections, found)
+
+    def probe(rng: ShardRange) -> ShardReport | None:
+        try:
+            # Looked up on core.reader at each call, so a wrapper set there takes effect (a test
+            # counts the probes in flight that way).
+            report = reader.probe_range(_GatedClient(client, gate), stream_name, rng, **reader_kwargs)
+        except _ProbesStopped:
+            return None
+        if until_record and report.records:
+            found.set()
+        return report
+
+    with ThreadPoolExecutor(max_workers=min(len(ranges), connections * PROBE_THREADS_PER_CONNECTION)) as pool:
+        return [r for r in pool.map(probe, ranges) if r is not None]
+
+
+#: Shard ids a log line lists before it says how many more there are.
+LOGGED_SHARD_IDS = 5
+
+
+def _shard_list(shard_ids: Sequence[str]) -> str:
+    """``a, b, c`` (at most :data:`LOGGED_SHARD_IDS`, then ``and N more``), for log lines."""
+    ids = list(dict.fromkeys(shard_ids))
+    more = len(ids) - LOGGED_SHARD_IDS
+    return ", ".join(ids[:LOGGED_SHARD_IDS]) + (f" and {more} more" if more > 0 else "")
+
+
+def log_probes(reports: Sequence[ShardReport], planned: int | None = None) -> None:
+    """One INFO line for a batch's or a window's probes (:func:`probe_ranges`; logged by
+    ``core.protocol``): which ranges have a record to read and which have none, with the rule that
+    ended each empty probe (``cutoff``, ``caught_up``, ``shard_end``). A probe reads at most one
+    Kinesis record; it is not the batch's read.
+
+    :param planned: the number of planned ranges, when the probes stopped at the first record
+        (``probe_ranges(until_record=True)``): the line then says how many were not probed.
+    """
+    found = [r.shard_id for r in reports if r.records or r.quarantined]
+    empty: dict[str, list[str]] = {}
+    for r in reports:
+        if not (r.records or r.quarantined):
+            empty.setdefault(r.stop_reason, []).append(r.shard_id)
+    nothing = "; ".join(f"{reason}: {_shard_list(ids)}" for reason, ids in sorted(empty.items()))
+    skipped = (planned or 0) - len(reports)
+    log.info(
+        "Probed %d%s shard ranges (a first record each, GetRecords Limit 1): records to read in %d%s, nothing to read in %d%s%s",
+        len(reports), f" of {planned}" if skipped > 0 else "", len(found), f" ({_shard_list(found)})" if found else "",
+        len(reports) - len(found), f" ({nothing})" if nothing else "",
+        f"; {skipped} not probed (a record was found: the job reads every range)" if skipped > 0 else "",
+    )  # fmt: skip
