@@ -30,12 +30,8 @@ from airflow_kinesis_spark.core.positions import (
     to_utc,
 )
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
-from airflow_kinesis_spark.core.reader import (
-    GET_RECORDS_MAX_LIMIT,
-    MIN_CALL_INTERVAL_S,
-    ShardReader,
-    probe_ranges,
-)
+from airflow_kinesis_spark.core.probes import probe_ranges
+from airflow_kinesis_spark.core.reader import GET_RECORDS_MAX_LIMIT, MIN_CALL_INTERVAL_S, ShardReader
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage, describe_stream_summary, list_shards
 
 __all__ = [
@@ -248,7 +244,7 @@ def find_trim_gaps(
     pending for longer than the retention period). Costs nothing while every range's checkpoint
     is known good within 24 hours (:data:`MIN_RETENTION`, the shortest retention period);
     otherwise one DescribeStreamSummary and one TRIM_HORIZON probe (``Limit`` 1) per doubtful
-    shard, decided by :func:`trim_gap`. The probes run in parallel (``reader.probe_ranges``: at
+    shard, decided by :func:`trim_gap`. The probes run in parallel (``probes.probe_ranges``: at
     most as many threads as the client pools connections).
 
     :param client: boto3 Kinesis client.
@@ -402,7 +398,7 @@ def measure_lag(
     and :func:`lag_from_probes` (``aio.measure_lag`` is the async one).
 
     Calls: ``ListShards`` (paginated), the committed checkpoints unless given (``GetItem``,
-    ``Query``), then one probe per readable shard (``reader.probe_ranges``: in parallel, at most
+    ``Query``), then one probe per readable shard (``probes.probe_ranges``: in parallel, at most
     as many calls in flight as the client pools connections).
 
     :param client: boto3 Kinesis client.

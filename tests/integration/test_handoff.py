@@ -38,7 +38,7 @@ from airflow_kinesis_spark.core.job import (
     writer_id,
 )
 from airflow_kinesis_spark.core.planner import BatchPlan
-from airflow_kinesis_spark.core.reader import probe_ranges
+from airflow_kinesis_spark.core.probes import probe_ranges
 from airflow_kinesis_spark.core.protocol import (
     IncrementalSettings,
     commit_handed,

@@ -62,7 +62,7 @@ def test_a_batch_logs_one_line_per_shard_range_and_one_summary_line(moto_endpoin
         r"2 checkpoints committed; output mem://out/batch_id=1", total,
     ), total  # fmt: skip
     # The probes: one line that says what they found, not a read that stopped at max_records. They
-    # stop at the first record (core.reader.probe_ranges): 1 or 2 ranges probed, depending on
+    # stop at the first record (core.probes.probe_ranges): 1 or 2 ranges probed, depending on
     # whether the second probe started before the first found its record; each probed range has a
     # record (both shards do), and the line counts the ranges not probed.
     (probes,) = lines(caplog, READER)

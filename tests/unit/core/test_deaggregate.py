@@ -1,4 +1,4 @@
-"""KPL de-aggregation (core/reader.deaggregate) and picklable domain exceptions."""
+"""KPL de-aggregation (core/kpl.deaggregate) and picklable domain exceptions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import aws_kinesis_agg
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
-from airflow_kinesis_spark.core.reader import deaggregate
+from airflow_kinesis_spark.core.kpl import deaggregate
 from airflow_kinesis_spark.exceptions import (
     CheckpointConflictError,
     CorruptAggregateError,
