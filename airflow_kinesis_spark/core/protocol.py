@@ -14,7 +14,10 @@ Operators validate their arguments, build the client, store and job, call :func:
 or :func:`run_window`, and publish the returned summary. Where each rule lives: stop rules in
 ``core.reader``, parents-before-children in ``core.shards``, planning in ``core.planner`` /
 ``core.window``, lag and trim-horizon rules in ``core.lag``, the commit and the lease in
-``core.store``.
+``core.store``; the job's and the sink's interfaces in ``core.interfaces``, output locations
+and plan ids in ``core.locations``, the pending plan's checks in ``core.pending``, a window's
+check against the committed position in ``core.window_position``, the run's summary and the
+task log's account in ``core.summaries``.
 
 No Airflow import.
 """
@@ -28,40 +31,47 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES, ensure_stream_consumer
 from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
-from airflow_kinesis_spark.core.names import stream_name_of
-from airflow_kinesis_spark.core.planner import (
-    BatchPlan,
-    initial_checkpoint,
-    output_settings,
-    plan_incremental,
-    restart_from_trim_horizon,
-    validate_report,
-)
-from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel, format_timestamp, to_utc
-from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
+from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, restart_from_trim_horizon, validate_report
+from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, to_utc
+from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, log_probes, probe_ranges
 from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shards
 from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
-from airflow_kinesis_spark.core.window import (
-    derive_slices,
-    plan_window,
-    validate_window,
-    validate_window_report,
-    window_label,
-    window_summary,
-)
+from airflow_kinesis_spark.core.window import derive_slices, plan_window, validate_window, validate_window_report, window_label
 from airflow_kinesis_spark.core.job import JobArguments, writer_id
-from airflow_kinesis_spark.exceptions import (
-    CheckpointConflictError,
-    DataLossError,
-    PendingPlanMismatchError,
-    ReportNotRecordedError,
-    WindowAheadError,
+from airflow_kinesis_spark.core.interfaces import BatchJob, HandedBatchJob, Sink, hands_off
+from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportNotRecordedError
+
+# Moved out of this module (issue 30): the job and sink interfaces to ``core.interfaces`` (above),
+# output locations and plan ids to ``core.locations``, the pending plan's checks to
+# ``core.pending``, summaries and the task log's account to ``core.summaries``, the window's
+# check against the committed position to ``core.window_position``. The protocol uses them from
+# here, and every name is kept importable from ``core.protocol`` until its importers move
+# (``plan_batch`` looks ``_task_settings`` up here, where tests patch it).
+from airflow_kinesis_spark.core.locations import (  # noqa: F401 - re-exported
+    COMMITTED_DIR,
+    _is_table,
+    batch_output_location,
+    committed_record_location,
+    committed_record_of,
+    plan_id,
+    planned_output_location,
+    window_output_location,
 )
+from airflow_kinesis_spark.core.pending import (  # noqa: F401 - re-exported
+    _output_spec,
+    _task_settings,
+    check_pending_against_stream,
+    check_pending_plan,
+    discard_pending_command,
+    pending_plan_differences,
+)
+from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcome, window_run_summary  # noqa: F401 - re-exported
+from airflow_kinesis_spark.core.window_position import check_window_position  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -95,93 +105,6 @@ IDLE_REFRESH = timedelta(hours=1)
 # justified, with the lease in ``core.store``; re-exported here for the operators.
 
 
-class BatchJob(Protocol):
-    """Runs one planned batch: reads every planned range, writes the output at
-    ``plan.output_location`` (overwriting), and returns one report per planned range.
-
-    Implementations own everything about where and how the job runs (packaging, environment,
-    credentials, processes, cleanup); the protocol only calls these two methods.
-    """
-
-    def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
-        """Run the job of ``plan``.
-
-        :param records_expected: the probes saw a user record, so the job may read and write
-            in one pass.
-        :raises Exception: any failure; the protocol leaves the plan pending (incremental) and
-            re-raises.
-        """
-        ...
-
-    def kill(self) -> None:
-        """Stop a running job at once (called from another thread when the lease is lost)."""
-        ...
-
-
-class HandedBatchJob(Protocol):
-    """Runs one planned batch that it takes from the checkpoint store (``core.job``): the Spark
-    driver claims the batch, reads the plan, holds the lease, publishes its output and records
-    its report there itself, so nothing passes between this process and the driver but the
-    :class:`~airflow_kinesis_spark.core.job.JobArguments`. The driver may run anywhere.
-
-    ``takes_batch_from_store`` is ``True`` (see :func:`hands_off`).
-    """
-
-    takes_batch_from_store: bool
-
-    def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
-        """Run the job with ``arguments`` and return when it ended.
-
-        :param output_location: the batch's output location (for scoping the job's credentials).
-        :raises Exception: the job failed; the protocol releases the lease and re-raises.
-        """
-        ...
-
-    def kill(self) -> None:
-        """Stop a running job at once."""
-        ...
-
-
-class Sink(Protocol):
-    """Where a batch's rows become visible (``airflow_kinesis_spark.sinks``: Parquet folders,
-    Iceberg, Delta). Every method is idempotent: the protocol calls them again when it rolls a
-    batch forward.
-
-    - ``output_spec()``: what the job writes (an ``OutputSpec``, stored in each plan).
-    - ``commit_batch(plan, reports)``: make a batch with records visible *before* its checkpoints
-      advance (a table commit that records stream, consumer and batch id; a batch already in the
-      table adds nothing); returns a ``TableCommit`` (or ``None``).
-    - ``after_checkpoint_commit(plan, reports)``: after they advanced (Parquet's committed record).
-    - ``repair(store, head)``: before planning, finish what a crash after the last checkpoint
-      commit left undone.
-    - ``commit_window(plan, reports)``: replace a window's rows atomically.
-    """
-
-    format: str
-    table: str
-
-    def output_spec(self) -> Any: ...
-
-    def planned_output_spec(self) -> Any: ...
-
-    def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> Any: ...
-
-    def check_written(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
-
-    def check_schema(self, transform: str | None) -> None: ...
-
-    def after_checkpoint_commit(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
-
-    def repair(self, store: Any, head: Any) -> None: ...
-
-    def commit_window(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> Any: ...
-
-
-def hands_off(job: Any) -> bool:
-    """Whether ``job`` takes its batch from the store (:class:`HandedBatchJob`)."""
-    return bool(getattr(job, "takes_batch_from_store", False))
-
-
 @dataclass(frozen=True)
 class IncrementalSettings:
     """What an incremental run reads and where it writes (already validated by the caller).
@@ -192,13 +115,14 @@ class IncrementalSettings:
         ``AT_TIMESTAMP``).
     :param lease_seconds: the lease on a pending batch (seconds).
     :param min_call_interval: seconds between two GetRecords calls on one shard for the probes.
-    :param sink: the output form (:class:`Sink`); ``None``: Parquet folders without committed
-        records (protocol tests).
+    :param sink: the output form (:class:`~airflow_kinesis_spark.core.interfaces.Sink`);
+        ``None``: Parquet folders without committed records (protocol tests).
     :param consumer_type: ``polling`` (GetRecords) or ``efo`` (enhanced fan-out: the consumer is
         registered as a stream consumer, or reused, and the job subscribes as it; ``core.consumers``).
     :param transform: the task's ``package.module:function`` applied by the job before the
         write, or ``None``: recorded in the plan (``task_settings``), so that a pending plan is
-        re-used only by a task with the same transform (:func:`check_pending_plan`).
+        re-used only by a task with the same transform
+        (:func:`~airflow_kinesis_spark.core.pending.check_pending_plan`).
     """
 
     stream_name: str
@@ -227,9 +151,10 @@ class WindowSettings:
         (:func:`~airflow_kinesis_spark.core.window.derive_slices`).
     :param slice_length: the shortest slice worth a task when deriving.
     :param parallelism: Spark tasks to keep busy when deriving.
-    :param sink: the output form (:class:`Sink`); a table's window commit replaces the window's
-        rows, and each run then writes its own folder under the window's (``run=...``), so a
-        re-run never deletes files the table's current snapshot holds.
+    :param sink: the output form (:class:`~airflow_kinesis_spark.core.interfaces.Sink`); a
+        table's window commit replaces the window's rows, and each run then writes its own
+        folder under the window's (``run=...``), so a re-run never deletes files the table's
+        current snapshot holds.
     :param consumer_type: as :class:`IncrementalSettings`'.
     """
 
@@ -261,69 +186,6 @@ def _for_job(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings | Wind
     return replace(plan, output=_output_spec(settings.sink, planning=True), consumer_arn=arn)
 
 
-def _output_spec(sink: Sink | None, *, planning: bool = False) -> dict[str, Any] | None:
-    """The sink's ``OutputSpec`` as stored in a plan (``planning``: with the cap a byte target
-    derives); else the DAG author's settings, what a pending plan is compared on."""
-    if sink is None:
-        return None
-    return sink.planned_output_spec().to_dict() if planning else sink.output_spec().settings()
-
-
-def _is_table(sink: Sink | None) -> bool:
-    return sink is not None and sink.format != "parquet"
-
-
-def batch_output_location(output_root: str, batch_id: int, plan_id: str | None = None) -> str:
-    """``{output_root}/batch_id={batch_id}`` (Parquet: the folder readers see as the batch), or with
-    ``plan_id`` (tables) ``{output_root}/batch_id={batch_id}-{plan_id}``: a folder only that plan
-    of the batch writes, so no attempt of another plan (a re-created checkpoint table, another
-    consumer) can replace files a table's snapshot or version references."""
-    return f"{output_root.rstrip('/')}/batch_id={batch_id}" + (f"-{plan_id}" if plan_id else "")
-
-
-#: The folder of Parquet output's committed records under the output root (a ``_`` folder:
-#: readers of the output root skip it; ``airflow_kinesis_spark.sinks.parquet``).
-COMMITTED_DIR = "_committed"
-
-
-def committed_record_location(output_root: str, batch_id: int) -> str:
-    """``{output_root}/_committed/batch_id={batch_id}/manifest``: Parquet batch ``batch_id``'s
-    committed record (its data files, one URI per line)."""
-    return f"{output_root.rstrip('/')}/{COMMITTED_DIR}/batch_id={batch_id}/manifest"
-
-
-def committed_record_of(output_location: str) -> str | None:
-    """The committed record a Parquet batch folder ``{root}/batch_id=N`` would have
-    (:func:`committed_record_location`); ``None`` for any other location (a table's plan folder,
-    a window's)."""
-    root, _, name = output_location.rstrip("/").rpartition("/")
-    number = name.removeprefix("batch_id=")
-    return committed_record_location(root, int(number)) if name.startswith("batch_id=") and number.isdigit() else None
-
-
-def plan_id(plan: BatchPlan) -> str:
-    """12 hex digits that identify one plan of a batch: a digest of its stream, consumer,
-    checkpoint table, batch id and creation time (ms). A re-run of the batch re-uses the plan
-    and so the id; a batch of the same id planned by another checkpoint history gets another."""
-    import hashlib
-
-    text = "\n".join([stream_name_of(plan.stream_name), plan.consumer_name, plan.checkpoint_table or "", str(plan.batch_id),
-                      format_timestamp(plan.created_at)])  # fmt: skip
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def planned_output_location(output_root: str, plan: BatchPlan, sink: Sink | None) -> str:
-    """Where batch ``plan`` writes: :func:`batch_output_location` of the task's root, with the
-    plan's :func:`plan_id` for a table output. Derived from the task's settings and the plan's
-    identity, never read from a stored plan."""
-    return batch_output_location(output_root, plan.batch_id, plan_id(plan) if _is_table(sink) else None)
-
-
-def window_output_location(output_root: str, start: datetime, end: datetime) -> str:
-    """``{output_root}/window={label}`` (:func:`~airflow_kinesis_spark.core.window.window_label`)."""
-    return f"{output_root.rstrip('/')}/window={window_label(start, end)}"
-
-
 # -- incremental -------------------------------------------------------------------------------
 
 
@@ -344,12 +206,13 @@ def run_incremental(
     :param kinesis: boto3 Kinesis client.
     :param store: the consumer's checkpoint store (table created by the caller).
     :param owner: this run's writer id (unique per attempt), for the store's fencing.
-    :returns: the batch summary (:func:`incremental_summary`).
+    :returns: the batch summary (:func:`~airflow_kinesis_spark.core.summaries.incremental_summary`).
     :raises DataLossError: records would be lost (trim gap or vanished shard) without
         ``allow_data_loss``; nothing read or written.
     :raises CheckpointConflictError: another writer moved the store or took the batch over.
     :raises BatchLeaseHeldError: another run holds the pending batch's lease.
-    :raises PendingPlanMismatchError: the pending plan is not this task's (:func:`check_pending_plan`).
+    :raises PendingPlanMismatchError: the pending plan is not this task's
+        (:func:`~airflow_kinesis_spark.core.pending.check_pending_plan`).
     :raises ReportValidationError: the job's report does not match the plan; nothing committed.
     :raises ReportNotRecordedError: a handed job ended without recording its report.
     """
@@ -494,7 +357,7 @@ def commit_handed(
     :param sink: the output form: its table commit comes before the checkpoint commit.
     :param plan_digest: the digest of the plan the planning run checked (``BatchPlan.digest``):
         a stored plan with another is refused (``PlanBindingError``), nothing committed.
-    :returns: the batch summary (:func:`incremental_summary`).
+    :returns: the batch summary (:func:`~airflow_kinesis_spark.core.summaries.incremental_summary`).
     :raises ReportNotRecordedError: no report recorded yet (the job runs, or ended without one);
         nothing committed. Retryable.
     :raises BatchLeaseHeldError: a driver of the batch still holds its lease (it is finishing).
@@ -593,247 +456,6 @@ def plan_batch(
         # DEBUG: each range's INFO line comes with its outcome (log_outcome)
         log.debug("Plan batch %d: shard %s from %s to cutoff %s", batch_id, rng.shard_id, rng.start, format_timestamp(rng.cutoff))
     return plan
-
-
-#: The task's arguments that set each compared item of a pending plan: what to put back when it
-#: differs. Items not listed (batch id, mode, stream, consumer, checkpoint table, checkpoints and
-#: start positions) follow from the checkpoint table itself: no argument of the task explains a
-#: difference there, someone else wrote the table.
-_SET_BY = {
-    "output location": "output_path",
-    "output format": "output_format",
-    "partitioning": "partition_by",
-    "max records per file": "max_records_per_file",
-    "target file size": "target_file_size",
-    "derived columns": "output_format, partition_by",
-    "consumer type": "consumer_type",
-    "transform": "transform",
-    "max records per shard": "max_records_per_shard",
-    "max bytes per shard": "max_bytes_per_shard",
-    "initial position": "initial_position, initial_timestamp",
-}
-#: Keys of a stored output spec (``OutputSpec.to_dict``) and how differences in them are named.
-_OUTPUT_ITEMS = {"format": "output format", "partition": "partitioning", "max_records_per_file": "max records per file",
-                 "target_file_size": "target file size", "derived": "derived columns"}  # fmt: skip
-
-
-def _task_settings(settings: IncrementalSettings) -> dict[str, Any]:
-    """What a plan records of the task's settings that its ranges do not show (``BatchPlan.task_settings``)."""
-    return {"transform": settings.transform or None}
-
-
-def _initial_position(settings: IncrementalSettings) -> str:
-    """The task's initial position as compared with a plan's: ``AT_TIMESTAMP`` with its time."""
-    if settings.initial_position == "AT_TIMESTAMP" and settings.initial_timestamp is not None:
-        return f"AT_TIMESTAMP {format_timestamp(settings.initial_timestamp)}"
-    return settings.initial_position
-
-
-def _planned_initial_position(plan: BatchPlan) -> str | None:
-    """The initial position a first batch (no checkpoint yet) was planned with, read from its
-    ranges' starts: ``TRIM_HORIZON``, ``LATEST`` (``AT_TIMESTAMP`` of the planning time, see
-    ``planner.initial_checkpoint``) or ``AT_TIMESTAMP <time>``; ``None`` when the plan does not
-    show one (a later batch: its never-seen shards may be children, which start at ``TRIM_HORIZON``)."""
-    starts = {r.start_checkpoint for r in plan.ranges if r.shard_id not in plan.trim_gaps}
-    if plan.checkpoints or len(starts) != 1:
-        return None
-    (start,) = starts
-    if start.sentinel is Sentinel.TRIM_HORIZON:
-        return "TRIM_HORIZON"
-    if start.sentinel is Sentinel.AT_TIMESTAMP and start.timestamp is not None:
-        return "LATEST" if start.timestamp == plan.created_at else f"AT_TIMESTAMP {format_timestamp(start.timestamp)}"
-    return None
-
-
-def _caps(plan: BatchPlan, name: str) -> Any:
-    """A cap of the plan's ranges (``max_records`` or ``max_bytes``): one value, or the sorted
-    values when the ranges disagree (no task plans that)."""
-    values = {getattr(r, name) for r in plan.ranges}
-    return next(iter(values)) if len(values) == 1 else sorted(values, key=str)
-
-
-def _differences(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> list[tuple[str, str]]:
-    """``(item, line)`` per difference of :func:`pending_plan_differences`."""
-    pending_batch_id = head.pending_batch_id
-    expected: dict[str, Any] = {
-        "batch id": pending_batch_id,
-        "mode": "incremental",
-        "stream": stream_name_of(settings.stream_name),  # a stream's name and its ARN share checkpoints
-        "consumer": settings.consumer_name,
-        "checkpoint table": store.table_name,
-        "output location": planned_output_location(settings.output_root, replace(plan, batch_id=pending_batch_id or 0),
-                                                   settings.sink),
-        "consumer type": settings.consumer_type,
-    }
-    if _is_table(settings.sink) and plan.output_location == batch_output_location(settings.output_root, plan.batch_id):
-        expected["output location"] = plan.output_location  # a table's plan made before plan ids named folders
-    stored: dict[str, Any] = {
-        "batch id": plan.batch_id,
-        "mode": plan.mode,
-        "stream": stream_name_of(plan.stream_name),
-        "consumer": plan.consumer_name,
-        "checkpoint table": plan.checkpoint_table or store.table_name,  # plans of earlier versions do not name it
-        "output location": plan.output_location,
-        "consumer type": "efo" if plan.consumer_arn else "polling",
-    }
-    want_output, have_output = _output_spec(settings.sink), (output_settings(plan.output) if plan.output else None)
-    if want_output is None or have_output is None:  # protocol tests, and plans of earlier versions: Parquet
-        expected["output format"] = (want_output or {}).get("format", "parquet")
-        stored["output format"] = (have_output or {}).get("format", "parquet")
-    else:
-        for key in [*_OUTPUT_ITEMS, *sorted(set(want_output) | set(have_output) - set(_OUTPUT_ITEMS))]:
-            item = _OUTPUT_ITEMS.get(key, f"output {key}")
-            expected[item], stored[item] = want_output.get(key), have_output.get(key)
-    if plan.task_settings is not None:  # plans of earlier versions did not record them
-        expected["transform"], stored["transform"] = _task_settings(settings)["transform"], plan.task_settings.get("transform")
-    if plan.ranges:
-        expected["max records per shard"], stored["max records per shard"] = settings.max_records_per_shard, _caps(plan, "max_records")
-        expected["max bytes per shard"], stored["max bytes per shard"] = settings.max_bytes_per_shard, _caps(plan, "max_bytes")
-    if (initial := _planned_initial_position(plan)) is not None:
-        expected["initial position"], stored["initial position"] = _initial_position(settings), initial
-    found = [
-        (k, f"{k}: the plan has {stored[k]!r}, this task has {v!r}" + (f" (set by {_SET_BY[k]})" if k in _SET_BY else ""))
-        for k, v in expected.items() if stored[k] != v
-    ]  # fmt: skip
-    if any(k not in _SET_BY for k, _ in found):
-        return found  # not this consumer's plan: its start positions say nothing more
-    if pending_batch_id is not None and pending_batch_id != head.committed_batch_id + 1:
-        found.append(("pending batch id", f"batch id: pending batch {pending_batch_id} does not follow committed batch "
-                      f"{head.committed_batch_id}"))  # fmt: skip
-    committed = {k: v.to_dict() for k, v in store.committed_checkpoints(head).items()}
-    if {k: v.to_dict() for k, v in plan.checkpoints.items()} != committed:
-        found.append(("checkpoints", "checkpoints: the plan starts from checkpoints other than the committed ones"))
-    initial = initial_checkpoint(settings.initial_position, now=plan.created_at, initial_timestamp=settings.initial_timestamp)
-    initial_changed = any(k == "initial position" for k, _ in found)
-    for rng in plan.ranges:
-        known = plan.checkpoints.get(rng.shard_id)
-        start = rng.start_checkpoint
-        if rng.shard_id in plan.trim_gaps:
-            # a recorded trim gap: only with allow_data_loss, from the oldest record kept (the gap's
-            # reality is checked against the stream by check_pending_against_stream)
-            allowed = settings.allow_data_loss and start.sentinel is Sentinel.TRIM_HORIZON
-            why = "over a recorded trim gap, which this task does not allow (allow_data_loss=False)" if not settings.allow_data_loss \
-                else "over a recorded trim gap, but not from TRIM_HORIZON"  # fmt: skip
-        elif known is None:
-            # a never-seen shard: the oldest record kept (a child of read parents), or the task's
-            # initial position (a changed initial_position is reported as such above)
-            allowed = start.sentinel is Sentinel.TRIM_HORIZON or start == initial or initial_changed
-            why = f"for a shard without a checkpoint, neither TRIM_HORIZON nor the task's initial position ({initial})"
-        else:
-            allowed, why = start == known, f"not after its committed checkpoint {known}"
-        if not allowed or rng.start != StartPosition.after(start):
-            found.append((f"shard {rng.shard_id}", f"shard {rng.shard_id}: the range starts at {rng.start}, {why}"))
-    return found
-
-
-def check_pending_against_stream(kinesis: Any, plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings, now: datetime) -> None:
-    """What a pending plan's check needs the stream for (after :func:`check_pending_plan`): every
-    range's shard is a shard of the stream whose parents are at ``SHARD_END`` in the committed
-    checkpoints (ORDER); a recorded trim gap is real (the shard's committed checkpoint is behind
-    the trim horizon now); an enhanced fan-out consumer ARN is the one ``DescribeStreamConsumer``
-    gives for this stream and consumer name. One ``ListShards`` (and the probes and the
-    ``DescribeStreamConsumer`` call where the plan needs them); only for a re-used plan.
-
-    :raises PendingPlanMismatchError: naming each difference (someone else wrote the table).
-    """
-    from airflow_kinesis_spark.core.consumers import stream_consumer_arn
-    from airflow_kinesis_spark.core.shards import ShardLineage
-
-    found: list[tuple[str, str]] = []
-    committed = store.committed_checkpoints(head)
-    lineage = ShardLineage(list_shards(kinesis, settings.stream_name))
-    for rng in plan.ranges:
-        shard = lineage.shards.get(rng.shard_id)
-        if shard is None:
-            found.append((f"shard {rng.shard_id}", f"shard {rng.shard_id}: not a shard of stream {stream_name_of(settings.stream_name)!r}"))
-        elif not lineage.parents_finished(shard, committed):
-            found.append((f"shard {rng.shard_id}", f"shard {rng.shard_id}: planned before its parents {', '.join(shard.parents)} "
-                          "reached SHARD_END"))  # fmt: skip
-    gapped = [replace(r, start_checkpoint=committed[r.shard_id], start=StartPosition.after(committed[r.shard_id]))
-              for r in plan.ranges if r.shard_id in plan.trim_gaps and r.shard_id in committed]  # fmt: skip
-    if gapped:
-        real = find_trim_gaps(kinesis, plan.stream_name, gapped, now, min_call_interval=settings.min_call_interval)
-        found += [(f"shard {r.shard_id}", f"shard {r.shard_id}: the plan records a trim gap, but its committed checkpoint "
-                   f"{r.start_checkpoint} is not behind the stream's trim horizon") for r in gapped if r.shard_id not in real]  # fmt: skip
-    if plan.consumer_arn:
-        arn = stream_consumer_arn(kinesis, settings.stream_name, settings.consumer_name)
-        if plan.consumer_arn != arn:
-            found.append(("consumer ARN", f"consumer ARN: the plan has {plan.consumer_arn!r}, stream consumer "
-                          f"{settings.consumer_name!r} of this stream is {arn!r}"))  # fmt: skip
-    if found:
-        _raise_mismatch(found, head, store, settings)
-
-
-def pending_plan_differences(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> list[str]:
-    """How a pending plan read from the checkpoint table differs from what this task would plan:
-    one line per difference, ``"<item>: the plan has <a>, this task has <b> (set by <argument>)"``
-    (``(set by ...)`` only where an argument of the task sets the item); ``[]`` when it is this
-    task's plan. See :func:`check_pending_plan`."""
-    return [line for _, line in _differences(plan, head, store, settings)]
-
-
-def discard_pending_command(stream: str, consumer: str, table: str) -> str:
-    """The ``kinesis-spark discard-pending`` command line (its dry run) for one consumer."""
-    return f"kinesis-spark discard-pending {stream} -c {consumer} -t {table} --dry-run"
-
-
-def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: IncrementalSettings) -> None:
-    """Check a pending plan read from the checkpoint table against what this task would plan.
-
-    The table is state anyone with write access to it can change, and a DAG's settings change, so
-    a stored plan is re-used only when it is this task's (:func:`pending_plan_differences`): the
-    pending batch id, mode ``incremental``, the stream, the consumer, the checkpoint table, the
-    output location (derived from the task's output root and the batch id, never taken from the
-    plan), the output spec (format, partitioning, file sizes), the consumer type, the transform,
-    the caps per shard, a first batch's initial position, and start positions that follow from
-    the committed checkpoints (each range starts after the shard's committed checkpoint, or, for
-    a shard without one or with a recorded trim gap, at a sentinel).
-
-    :param head: the store's head item the plan was read through.
-    :raises PendingPlanMismatchError: naming each difference, the task's argument that sets it,
-        and the fix: put the argument back (the pending batch then finishes as planned), or drop
-        the pending batch (``kinesis-spark discard-pending`` with this consumer's stream, consumer
-        and table, or ``KinesisDiscardPendingBatchOperator``; the committed checkpoints stay);
-        nothing read or written. Fields: ``batch_id``, ``differences`` (the lines), ``arguments``
-        (the task's arguments that set them), ``discard_command``.
-    """
-    found = _differences(plan, head, store, settings)
-    if not found:
-        return
-    _raise_mismatch(found, head, store, settings)
-
-
-def _raise_mismatch(found: list[tuple[str, str]], head: Any, store: Any, settings: IncrementalSettings) -> None:
-    """Raise :class:`PendingPlanMismatchError` for ``found`` (see :func:`check_pending_plan`)."""
-    arguments = sorted({a.strip() for k, _ in found if k in _SET_BY for a in _SET_BY[k].split(",")})
-    foreign = any(k not in _SET_BY for k, _ in found)
-    stream = stream_name_of(settings.stream_name)
-    command = discard_pending_command(settings.stream_name, settings.consumer_name, store.table_name)
-    what = (
-        f"The pending plan of batch {head.pending_batch_id} of stream {stream!r}, consumer {settings.consumer_name!r} in "
-        f"checkpoint table {store.table_name!r} is not what this task would plan: {'; '.join(line for _, line in found)}. "
-        "Nothing was read or written."
-    )  # fmt: skip
-    drop = (
-        "drop the pending batch; the committed checkpoints stay and the next run plans the batch anew from them: run "
-        f"`{command}` to see it, then again with --yes instead of --dry-run (add --output-path with the output root "
-        "the plan was made with to delete what the batch wrote there), or run KinesisDiscardPendingBatchOperator"
-    )
-    if foreign:
-        fix = (
-            " No argument of this task sets some of these: someone else wrote the checkpoint table. Check who can write "
-            f"it (docs/security.md), then {drop}."
-        )
-    else:
-        named = ", ".join(arguments)
-        fix = (
-            f" To keep the new {named}, {drop}. To finish the pending batch as planned instead, put {named} back. If "
-            f"nobody changed {named}, someone else wrote the checkpoint table: check who can write it (docs/security.md)."
-        )
-    raise PendingPlanMismatchError(
-        what + fix, batch_id=head.pending_batch_id, differences=[line for _, line in found], arguments=arguments,
-        discard_command=command,
-    )  # fmt: skip
 
 
 def _gap_detail(gaps: Mapping[str, str]) -> str:
@@ -976,139 +598,6 @@ def _needs_idle_refresh(checkpoint: Checkpoint, cutoff: datetime) -> bool:
     return (known_until(checkpoint) or cutoff) < cutoff - IDLE_REFRESH
 
 
-def incremental_summary(
-    plan: BatchPlan, reports: Sequence[ShardReport], checkpoints: Mapping[str, Checkpoint], status: str, *, reused: bool,
-    sink: Sink | None = None, table: Any = None,
-) -> dict[str, Any]:
-    """The run's summary (the operator's XCom), JSON-safe.
-
-    :param status: ``committed``, ``committed_without_records`` or ``no_new_records``.
-    :returns: ``batch_id``, ``status``, ``stream_name``, ``consumer_name``, ``records``, ``bytes``,
-        ``output_path``, ``quarantined``, ``quarantine_path``, ``out_of_range``, ``cutoff``,
-        ``reused_plan``, ``shards`` (per shard: ``records``, ``bytes``, ``first``, ``last``,
-        ``checkpoint``, ``stop_reason``, ``shard_end``, ``quarantined``, ``out_of_range``),
-        ``waiting_shards``, ``lost_shards``, ``trim_gaps``, ``output_format``, ``table`` (the
-        sink's ``TableCommit`` as a dict: ``format``, ``table``, ``snapshot_id``, ``version``,
-        ``files``, ``already_committed``; ``None`` when nothing was committed to a table).
-    """
-    committed = status == "committed"
-    shards = {
-        r.shard_id: {
-            "records": r.records,
-            "bytes": r.bytes,
-            "first": str(r.first) if r.first else None,
-            "last": str(r.last) if r.last else None,
-            "checkpoint": str(checkpoints[r.shard_id]) if r.shard_id in checkpoints else None,
-            "stop_reason": r.stop_reason,
-            "shard_end": r.shard_end,
-            "quarantined": r.quarantined,
-            "dead_letters": r.dead_letters,
-            "out_of_range": r.out_of_range,
-        }
-        for r in reports
-    }
-    records = sum(r.records for r in reports) if committed else 0
-    quarantined = sum(r.quarantined for r in reports) if committed else 0
-    dead_letters = sum(r.dead_letters for r in reports) if committed else 0
-    return {
-        "batch_id": plan.batch_id if status != "no_new_records" else None,
-        "status": status,
-        "stream_name": plan.stream_name,
-        "consumer_name": plan.consumer_name,
-        "records": records,
-        "bytes": sum(r.bytes for r in reports) if committed else 0,
-        "output_path": plan.output_location if records else None,
-        "quarantined": quarantined,
-        "dead_letters": dead_letters,
-        "quarantine_path": f"{plan.output_location}/_quarantine" if quarantined or dead_letters else None,
-        "out_of_range": sum(r.out_of_range for r in reports) if committed else 0,
-        "cutoff": format_timestamp(plan.cutoff),
-        "reused_plan": reused,
-        "shards": shards,
-        "waiting_shards": dict(plan.waiting),
-        "lost_shards": list(plan.lost_shards),
-        "trim_gaps": dict(plan.trim_gaps),
-        "output_format": sink.format if sink is not None else "parquet",
-        "table": table.to_dict() if table is not None else None,
-    }
-
-
-# -- what the task log says of a batch or a window --------------------------------------------
-
-
-def _counts(counts: Mapping[str, int]) -> str:
-    """``shardId-…1: 2, shardId-…2: 1`` (shards with a count above 0; at most five, then how many more)."""
-    items = [f"{shard}: {n}" for shard, n in counts.items() if n]
-    more = len(items) - 5
-    return ", ".join(items[:5]) + (f" and {more} more shards" if more > 0 else "")
-
-
-def _read_seconds(reports: Sequence[ShardReport]) -> float | None:
-    """Seconds from the first range's read start to the last one's end, or ``None`` if the reports do not say."""
-    spans = [(r.read_started, r.read_ended) for r in reports if r.read_started is not None and r.read_ended is not None]
-    if not spans:
-        return None
-    return max(end for _, end in spans) - min(start for start, _ in spans)  # type: ignore[type-var,operator]
-
-
-def log_outcome(plan: BatchPlan, reports: Sequence[ShardReport], summary: Mapping[str, Any], *, committed_by: str | None = None) -> None:
-    """The task log's account of a committed batch or a written window, from its summary
-    (:func:`incremental_summary`, :func:`run_window`'s) and the job's reports:
-
-    * one INFO line per shard range: shard (and time slice), start position, the last extended
-      sequence number read and the stop rule that ended the read, records, bytes, seconds;
-    * one INFO line for the batch: batch id (or window), shards, records, bytes, seconds reading
-      and since planning, checkpoints committed, output;
-    * a WARNING with the count per shard when records were quarantined (corrupt KPL aggregates),
-      did not decode (``dead_letters``) or were read outside their shard's hash key range
-      (``out_of_range``).
-
-    :param committed_by: the writer that committed the batch earlier (a repeated commit).
-    """
-    window = summary.get("mode") == "window"
-    label = (f"Window [{summary['window_start']}, {summary['window_end']})" if window else f"Batch {plan.batch_id}")
-    starts = {(r.shard_id, r.slice_index): r.start for r in plan.ranges}
-    for r in reports:
-        slice_label = f" slice {r.slice_index}" if window else ""
-        seconds = f", {r.read_ended - r.read_started:.2f} s" if r.read_started is not None and r.read_ended is not None else ""
-        log.info("%s, shard %s%s: %s -> %s (%s), %d records, %d bytes%s", label, r.shard_id, slice_label,
-                 starts.get((r.shard_id, r.slice_index), "?"), r.last or "nothing read", r.stop_reason, r.records, r.bytes,
-                 seconds)  # fmt: skip
-    read = _read_seconds(reports)
-    timing = f"read in {read:.1f} s" if read is not None else "read time not reported"
-    shards = len({r.shard_id for r in reports})
-    if window:
-        log.info("%s written: %d records, %d bytes from %d shards x %d time slices, %s; output %s", label,
-                 summary["records"], summary["bytes"], shards, summary["time_slices"], timing, summary["output_path"])  # fmt: skip
-    else:
-        since = time.time() - plan.created_at.timestamp()
-        checkpoints = sum(1 for s in summary["shards"].values() if s.get("checkpoint"))
-        how = f"was committed already (by {committed_by})" if committed_by else "committed"
-        log.info("%s %s: %d records, %d bytes from %d shards, %s, %.1f s since planned; %d checkpoints committed; output %s",
-                 label, how, summary["records"], summary["bytes"], shards, timing, since, checkpoints,
-                 summary["output_path"])  # fmt: skip
-    quarantined: dict[str, int] = {}
-    out_of_range: dict[str, int] = {}
-    for r in reports:
-        quarantined[r.shard_id] = quarantined.get(r.shard_id, 0) + r.quarantined
-        out_of_range[r.shard_id] = out_of_range.get(r.shard_id, 0) + r.out_of_range
-    if summary["quarantined"]:
-        log.warning("%s: %d corrupt Kinesis records quarantined (%s), kept raw under %s and not in the output%s",
-                    label, summary["quarantined"], _counts(quarantined), summary["quarantine_path"],
-                    "" if window else "; the checkpoints moved past them")  # fmt: skip
-    if summary.get("dead_letters"):
-        dead: dict[str, int] = {}
-        for r in reports:
-            dead[r.shard_id] = dead.get(r.shard_id, 0) + r.dead_letters
-        log.warning("%s: %d records did not decode (%s): dead letters kept raw with their error under %s, not in the "
-                    "output's rows%s", label, summary["dead_letters"], _counts(dead), summary["quarantine_path"],
-                    "" if window else "; the checkpoints moved past them because they are kept")  # fmt: skip
-    if summary["out_of_range"]:
-        log.warning("%s: %d user records outside their shard's hash key range (%s), kept in the output; a producer "
-                    "aggregates user records of several shards into one Kinesis record",
-                    label, summary["out_of_range"], _counts(out_of_range))  # fmt: skip
-
-
 # -- window ------------------------------------------------------------------------------------
 
 
@@ -1182,87 +671,11 @@ def run_window(
     check_dead_letters(plan, reports)
     records = sum(r.records for r in reports)
     table = settings.sink.commit_window(plan, reports) if settings.sink is not None and records else None
-    quarantined = sum(r.quarantined for r in reports)
-    dead_letters = sum(r.dead_letters for r in reports)
-    result = {
-        "mode": "window",
-        "status": "written" if found else "no_records",
-        "stream_name": settings.stream_name,
-        "window_start": format_timestamp(start),
-        "window_end": format_timestamp(end),
-        "records": records,
-        "bytes": sum(r.bytes for r in reports),
-        "output_path": plan.output_location if records else None,
-        "quarantined": quarantined,
-        "dead_letters": dead_letters,
-        "quarantine_path": f"{plan.output_location}/_quarantine" if quarantined or dead_letters else None,
-        "out_of_range": sum(r.out_of_range for r in reports),
-        "time_slices": int(slices),
-        "shards": window_summary(reports),
-        "trim_gap": gap,
-        "output_format": settings.sink.format if settings.sink is not None else "parquet",
-        "table": table.to_dict() if table is not None else None,
-    }
+    result = window_run_summary(plan, reports, "written" if found else "no_records", stream_name=settings.stream_name,
+                                start=start, end=end, time_slices=slices, trim_gap=gap, sink=settings.sink, table=table)  # fmt: skip
     if found:
         log_outcome(plan, reports, result)
     return result
-
-
-def check_window_position(plan: BatchPlan, settings: WindowSettings, store: Any) -> None:
-    """A window into its consumer's own output (a root or table that holds the consumer's
-    incremental batches, or a consumer with committed batches in ``store``) may cover only what
-    the consumer has committed: every shard the window reads must be checkpointed at
-    ``SHARD_END`` or known read up to the window's end (``core.lag.known_until``). Otherwise a
-    later incremental batch would add the window's newer rows a second time.
-
-    Windows into an output no incremental batch of the consumer writes are not limited.
-
-    :raises WindowAheadError: naming the shards, how far each is committed, the latest end the
-        window may have, and the ways out; nothing read or written.
-    """
-    assert settings.sink is not None
-    head = store.head() if store is not None else None
-    # The store answers at the cost of one read; the output only when the store has committed nothing.
-    incremental = (head is not None and head.committed_batch_id > 0) or (
-        settings.sink.latest_batch(settings.stream_name, settings.consumer_name, 0) is not None)  # fmt: skip
-    if not incremental:
-        return
-    where = settings.sink.table or settings.sink.output_path or settings.output_root
-    end = plan.cutoff
-    if store is None:
-        raise WindowAheadError(
-            f"Output {where} holds incremental batches of stream {stream_name_of(settings.stream_name)!r}, consumer "
-            f"{settings.consumer_name!r}, and this window task names no checkpoint_table to check the window against the "
-            "consumer's committed position. Nothing was read or written. Give it the consumer's checkpoint_table, or write "
-            "the window to another output_path or table.",
-            window_end=format_timestamp(end), committed_until=None, shards={},
-        )  # fmt: skip
-    committed = store.committed_checkpoints(head)
-    behind: dict[str, str] = {}
-    until: list[datetime] = []
-    for shard_id in sorted({r.shard_id for r in plan.ranges}):
-        checkpoint = committed.get(shard_id)
-        if checkpoint is not None and checkpoint.is_shard_end:
-            continue
-        known = known_until(checkpoint) if checkpoint is not None else None
-        if known is not None and known >= end:
-            continue
-        behind[shard_id] = f"committed up to {format_timestamp(known)}" if known else (
-            "never read by the consumer" if checkpoint is None else f"at {checkpoint}, time unknown")  # fmt: skip
-        if known is not None:
-            until.append(known)
-    if not behind:
-        return
-    latest = min(until) if len(until) == len(behind) else None
-    shards = "; ".join(f"{k}: {v}" for k, v in list(behind.items())[:5]) + (f"; and {len(behind) - 5} more" if len(behind) > 5 else "")
-    bound = f"End the window at {format_timestamp(latest)} or earlier" if latest else "Run the window after the consumer's next batches"
-    raise WindowAheadError(
-        f"Window [{format_timestamp(plan.window_start)}, {format_timestamp(end)}) into output {where} reaches past what "
-        f"consumer {settings.consumer_name!r} has committed ({shards}): the consumer's next incremental batches would add "
-        f"those rows again. Nothing was read or written. {bound}, or write the window to another output_path or table "
-        "(docs/backfill.md, windows and incremental batches).",
-        window_end=format_timestamp(end), committed_until=format_timestamp(latest) if latest else None, shards=behind,
-    )  # fmt: skip
 
 
 def _run_handed_window(
