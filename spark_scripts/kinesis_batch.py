@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from airflow_kinesis_spark.core.job import JobArguments, run_handed_batch, run_handed_window
-from airflow_kinesis_spark.core.reader import ReadOptions
+from airflow_kinesis_spark.core.read_options import ReadOptions
 from airflow_kinesis_spark.core.schema import arrow_schema, spark_ddl
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
 
@@ -180,7 +180,8 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
 
         from airflow_kinesis_spark.core.pool import share_data_loader
         from airflow_kinesis_spark.core.ranges import ShardRange
-        from airflow_kinesis_spark.core.reader import ShardReader, own_throttling
+        from airflow_kinesis_spark.core.read_options import own_throttling
+        from airflow_kinesis_spark.core.reader import ShardReader
 
         ranges = [ShardRange.from_dict(json.loads(r)) for batch in batches for r in batch.column(0).to_pylist()]
         session = share_data_loader(boto3.session.Session(  # a reused Python worker parses botocore's data once

@@ -24,7 +24,8 @@ from airflow_kinesis_spark.core.lag import (
 )
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
-from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, ShardReader, probe_reader
+from airflow_kinesis_spark.core.read_options import MIN_CALL_INTERVAL_S
+from airflow_kinesis_spark.core.reader import ShardReader, probe_reader
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.shards import ListShardsPager, Shard, raise_for_stream
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head

@@ -31,7 +31,8 @@ from airflow_kinesis_spark.core.positions import (
 )
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.core.probes import probe_ranges
-from airflow_kinesis_spark.core.reader import GET_RECORDS_MAX_LIMIT, MIN_CALL_INTERVAL_S, ShardReader
+from airflow_kinesis_spark.core.read_options import GET_RECORDS_MAX_LIMIT, MIN_CALL_INTERVAL_S
+from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage, describe_stream_summary, list_shards
 
 __all__ = [

@@ -16,7 +16,7 @@ from airflow_kinesis_spark.core.admin import check_endpoint
 from airflow_kinesis_spark.core.job import STAGING_DIR
 from airflow_kinesis_spark.core.names import parse_stream_arn, validate_stream_name
 from airflow_kinesis_spark.core.pool import share_data_loader
-from airflow_kinesis_spark.core.reader import own_throttling
+from airflow_kinesis_spark.core.read_options import own_throttling
 from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
 
 #: Default lifetime of the Spark job's temporary credentials (seconds). A batch that reads
@@ -107,7 +107,7 @@ class KinesisStreamHook(FailFastAwsHook):
     @cached_property
     def conn(self) -> Any:
         """The boto3 Kinesis client (cached), once its endpoint answered; throttling errors of
-        reads reach the readers (:func:`~airflow_kinesis_spark.core.reader.own_throttling`).
+        reads reach the readers (:func:`~airflow_kinesis_spark.core.read_options.own_throttling`).
 
         :raises EndpointUnreachableError: see :class:`FailFastAwsHook`.
         """

@@ -52,7 +52,7 @@ from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.ranges import ShardReport
-from airflow_kinesis_spark.core.reader import ReadOptions
+from airflow_kinesis_spark.core.read_options import ReadOptions
 from airflow_kinesis_spark.exceptions import EndpointUnreachableError
 
 if TYPE_CHECKING:

@@ -200,7 +200,7 @@ def test_polling_consumers_of_one_shard_share_its_read_budget(kinesis, moto_endp
     client as the Spark job makes it (botocore standard retries, ``own_throttling``): every
     throttle reaches the readers' reports, and each consumer gets about a third of the shard's
     2 MiB/s, none of them the shard to itself while the others wait."""
-    from airflow_kinesis_spark.core.reader import own_throttling
+    from airflow_kinesis_spark.core.read_options import own_throttling
 
     create_stream(kinesis, stream, 1)
     loaded = load_backlog(kinesis, stream, 8, lines)

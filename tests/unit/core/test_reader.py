@@ -13,7 +13,8 @@ from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.planner import BatchPlan, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
-from airflow_kinesis_spark.core.reader import PACING_MARGIN_S, GET_RECORDS_MAX_LIMIT, ShardReader, UserRecord
+from airflow_kinesis_spark.core.read_options import GET_RECORDS_MAX_LIMIT, PACING_MARGIN_S
+from airflow_kinesis_spark.core.reader import ShardReader, UserRecord
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 
 SHARD = "shardId-000000000007"
