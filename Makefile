@@ -18,7 +18,7 @@ PY35 := $(VENV35)/bin/python
 SPARK35_REQUIREMENTS := 'pyspark==3.5.9' 'numpy<2' 'pandas>=2.1,<2.2' 'pyarrow>=15,<16' 'boto3>=1.34' 'aws-kinesis-agg>=1.2' \
   'protobuf>=4.21' 'fastavro>=1.9' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
 
-.PHONY: bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
+.PHONY: bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables demo-typed test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -99,6 +99,10 @@ demo-split: venv
 # between the table commit and the checkpoint commit, a window re-run; read back and checked.
 demo-tables: venv
 	$(PY) -m demo.run_tables
+
+# Typed records (Glue Schema Registry JSON/Avro, protobuf) into Iceberg and Delta tables: dead letters, an added column, a kill, a window re-run.
+demo-typed: venv
+	$(PY) -m demo.run_typed
 
 # The suite runs on one more worker than the machine has cores (pytest-xdist, work stealing): many
 # tests wait (on emulators, leases that expire, windows of real time, killed processes), and with
