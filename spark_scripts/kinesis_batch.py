@@ -552,7 +552,7 @@ def run_one_pass(
             if not _same_read(before, report):
                 raise RuntimeError(f"shard {report['shard_id']}: the second read of its corrupt records read something else "
                                    f"than the first ({before.get('last')} vs {report.get('last')}); nothing is committed")  # fmt: skip
-        # the task log's warning comes from the protocol's summary (core.protocol.log_outcome)
+        # the task log's warning comes from the protocol's summary (core.summaries.log_outcome)
         log.info("batch %s: %d corrupt Kinesis records and dead letters written to %s/%s", plan["batch_id"], quarantined, location,
                  QUARANTINE_DIR)  # fmt: skip
     return {
@@ -640,13 +640,13 @@ def _hadoop_path(spark: Any, path: str) -> tuple[Any, Any]:
 
 def refuse_committed(spark: Any, target: str) -> None:
     """Refuse to write ``target`` when it is a Parquet batch folder that has a committed record
-    (``core.protocol.committed_record_of``): committed output, which a batch pending in this
+    (``core.locations.committed_record_of``): committed output, which a batch pending in this
     checkpoint store must never replace (the output is ahead of the store: a re-created
     checkpoint table, or another checkpoint history writing the same root).
 
     :raises RuntimeError: naming the folder and its record; nothing written or deleted.
     """
-    from airflow_kinesis_spark.core.protocol import committed_record_of
+    from airflow_kinesis_spark.core.locations import committed_record_of
 
     record = committed_record_of(target)
     if record is None:
@@ -661,7 +661,7 @@ def publish(spark: Any, staging: str | None, target: str) -> None:
     """Replace ``target`` with ``staging`` (a rename on the same file system); ``None``: remove ``target``.
 
     :raises RuntimeError: ``target`` is a Parquet batch folder with a committed record
-        (``core.protocol.committed_record_of``): committed output, which the pending batch of
+        (``core.locations.committed_record_of``): committed output, which the pending batch of
         this store must not replace (the output is ahead of the checkpoint store). Nothing published.
     """
     refuse_committed(spark, target)

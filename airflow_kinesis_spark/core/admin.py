@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from airflow_kinesis_spark.core.planner import BatchPlan, rewind_checkpoints
-from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, batch_output_location, committed_record_location, plan_id
+from airflow_kinesis_spark.core.locations import batch_output_location, committed_record_location, plan_id
+from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import (
     BatchLeaseHeldError,
@@ -178,7 +179,7 @@ def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None, n
 
     The checkpoint table is state that anyone with write access to it can change, so nothing read
     from it names what to delete. The only directory that may be deleted is the one this project
-    derives for the batch, :func:`~airflow_kinesis_spark.core.protocol.batch_output_location` of
+    derives for the batch, :func:`~airflow_kinesis_spark.core.locations.batch_output_location` of
     ``output_path`` and the pending batch id, and only when: the pending batch id follows the
     committed one; the stored plan names exactly that location (else someone other than this
     task wrote the plan); it is local; and it is a directory, not a symbolic link. Values read
@@ -204,7 +205,7 @@ def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None, n
         )  # fmt: skip
     computed = batch_output_location(output_path, batch_id)
     if stored == batch_output_location(output_path, batch_id, plan_id(plan)):
-        computed = stored  # a table output's folder, named by the plan's id (protocol.planned_output_location)
+        computed = stored  # a table output's folder, named by the plan's id (locations.planned_output_location)
     local = _local_path(computed)
     shown = str(local) if local is not None else computed
     if head.pending_report_owner:

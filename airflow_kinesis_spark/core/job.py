@@ -218,10 +218,10 @@ def check_bound_plan(plan: BatchPlan, args: JobArguments, expected_location: str
 
 def bound_output_location(plan: BatchPlan, args: JobArguments) -> str | None:
     """The output location the job derives for ``plan`` from the task's output root (the
-    protocol's rule, ``core.protocol.planned_output_location``); ``None`` without a root."""
+    protocol's rule, ``core.locations.planned_output_location``); ``None`` without a root."""
     if not args.output_root:
         return None
-    from airflow_kinesis_spark.core.protocol import batch_output_location, plan_id, window_output_location
+    from airflow_kinesis_spark.core.locations import batch_output_location, plan_id, window_output_location
 
     if args.window:
         assert plan.window_start is not None

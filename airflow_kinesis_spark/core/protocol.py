@@ -38,7 +38,8 @@ from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental, restart_from_trim_horizon, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, to_utc
 from airflow_kinesis_spark.core.ranges import ShardReport
-from airflow_kinesis_spark.core.reader import MIN_CALL_INTERVAL_S, log_probes, probe_ranges
+from airflow_kinesis_spark.core.probes import log_probes, probe_ranges
+from airflow_kinesis_spark.core.read_options import MIN_CALL_INTERVAL_S
 from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shards
 from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.window import derive_slices, plan_window, validate_window, validate_window_report, window_label
@@ -46,39 +47,14 @@ from airflow_kinesis_spark.core.job import JobArguments, writer_id
 from airflow_kinesis_spark.core.interfaces import BatchJob, HandedBatchJob, Sink, hands_off
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportNotRecordedError
 
-# Moved out of this module (issue 30): the job and sink interfaces to ``core.interfaces`` (above),
-# output locations and plan ids to ``core.locations``, the pending plan's checks to
-# ``core.pending``, summaries and the task log's account to ``core.summaries``, the window's
-# check against the committed position to ``core.window_position``. The protocol uses them from
-# here, and every name is kept importable from ``core.protocol`` until its importers move
-# (``plan_batch`` looks ``_task_settings`` up here, where tests patch it).
-from airflow_kinesis_spark.core.locations import (  # noqa: F401 - re-exported
-    COMMITTED_DIR,
-    _is_table,
-    batch_output_location,
-    committed_record_location,
-    committed_record_of,
-    plan_id,
-    planned_output_location,
-    window_output_location,
-)
-from airflow_kinesis_spark.core.pending import (  # noqa: F401 - re-exported
-    _output_spec,
-    _task_settings,
-    check_pending_against_stream,
-    check_pending_plan,
-    discard_pending_command,
-    pending_plan_differences,
-)
-from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcome, window_run_summary  # noqa: F401 - re-exported
-from airflow_kinesis_spark.core.window_position import check_window_position  # noqa: F401 - re-exported
+from airflow_kinesis_spark.core.locations import _is_table, batch_output_location, planned_output_location, window_output_location
+from airflow_kinesis_spark.core.pending import _output_spec, _task_settings, check_pending_against_stream, check_pending_plan
+from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcome, window_run_summary
+from airflow_kinesis_spark.core.window_position import check_window_position
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "BatchJob",
-    "HandedBatchJob",
-    "hands_off",
     "PreparedBatch",
     "prepare_incremental",
     "commit_handed",
@@ -86,16 +62,10 @@ __all__ = [
     "WindowSettings",
     "run_incremental",
     "run_window",
-    "batch_output_location",
-    "planned_output_location",
-    "plan_id",
-    "committed_record_location",
-    "committed_record_of",
-    "COMMITTED_DIR",
-    "window_output_location",
+    "plan_batch",
+    "check_dead_letters",
     "IDLE_REFRESH",
     "DEFAULT_LEASE_SECONDS",
-    "log_outcome",
 ]
 
 #: How often an idle consumer records that its shards were empty up to the cutoff: otherwise a

@@ -52,9 +52,6 @@ from airflow_kinesis_spark.core.read_options import (
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.exceptions import CorruptAggregateError
 
-# moved to core.kpl / core.probes; kept importable here until the importers move
-from airflow_kinesis_spark.core.kpl import deaggregate  # noqa: F401
-
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -509,7 +506,7 @@ class ShardReader:
         report = self.finish()
         p = self._p
         # DEBUG: the task log's line per shard range is the protocol's, from the reports
-        # (core.protocol.log_outcome); a batch's probes are summed up by core.probes.log_probes.
+        # (core.summaries.log_outcome); a batch's probes are summed up by core.probes.log_probes.
         if self.probe:
             log.debug("shard %s: probe from %s found %s", self.range.shard_id, self.range.start,
                       f"a record ({report.first})" if report.first else f"nothing to read ({report.stop_reason})")  # fmt: skip
@@ -627,7 +624,7 @@ class ShardReader:
             users = _user_records(data, record["PartitionKey"])
         except CorruptAggregateError as err:
             reason = err.fields.get("reason", "corrupt")
-            # DEBUG: the task log's warning counts them per shard (core.protocol.log_outcome); the
+            # DEBUG: the task log's warning counts them per shard (core.summaries.log_outcome); the
             # quarantine output holds each one with its sequence number and reason.
             log.debug("shard %s, sequence number %s: %s; quarantined", rng.shard_id, sequence_number, err)
             page.add_quarantined(sequence_number, record["PartitionKey"], arrival, data, reason)
@@ -769,19 +766,3 @@ def probe_reader(client: Any, stream_name: str, shard_range: ShardRange, **reade
 def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
     """Read at most one Kinesis record of a range (see :func:`probe_reader`) with a boto3 client."""
     return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]
-
-
-#: Names moved to :mod:`airflow_kinesis_spark.core.probes`, which imports this module: they are
-#: imported from there on first use (:func:`__getattr__`), not at import time, so that no import
-#: cycle arises.
-_MOVED_TO_PROBES = frozenset({"probe_ranges", "log_probes"})
-
-
-def __getattr__(name: str) -> Any:
-    """``probe_ranges`` and ``log_probes`` (moved to core.kpl / core.probes; kept importable here
-    until the importers move)."""
-    if name in _MOVED_TO_PROBES:
-        from airflow_kinesis_spark.core import probes
-
-        return getattr(probes, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Where the batch's Spark job runs: one interface, one implementation per way of running Spark.
 
-Each runner is a :class:`~airflow_kinesis_spark.core.protocol.BatchJob`: "run this planned batch
+Each runner is a :class:`~airflow_kinesis_spark.core.interfaces.BatchJob`: "run this planned batch
 and return its per-shard reports". It owns everything about its way of running Spark —
 packaging the Airflow-free code for the executors, the job's environment and credentials, the
 processes it starts, how to kill them, and cleaning up — so the protocol and the operators
@@ -486,7 +486,7 @@ def after_failure(plan: BatchPlan) -> str:
 
 
 def _log_result(plan: BatchPlan, result: dict[str, Any]) -> list[ShardReport]:
-    # DEBUG: the task log's lines of the batch come from its summary (core.protocol.log_outcome)
+    # DEBUG: the task log's lines of the batch come from its summary (core.summaries.log_outcome)
     log.debug("Spark job of %s: %d records read in %.1fs, %.1fs in all",
              describe(plan), result["records"], result["read_seconds"], result["total_seconds"])  # fmt: skip
     return [ShardReport.from_dict(r) for r in result["reports"]]

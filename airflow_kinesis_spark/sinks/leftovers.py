@@ -56,7 +56,7 @@ from urllib.parse import unquote, urlparse
 
 from airflow_kinesis_spark.core.job import STAGING_DIR
 from airflow_kinesis_spark.core.names import stream_name_of
-from airflow_kinesis_spark.core.protocol import COMMITTED_DIR
+from airflow_kinesis_spark.core.locations import COMMITTED_DIR
 from airflow_kinesis_spark.sinks.files import filesystem, table_uri
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ __all__ = ["Leftover", "LeftoverScan", "DEFAULT_MIN_AGE_SECONDS", "scan_leftover
 DEFAULT_MIN_AGE_SECONDS = 24 * 3600
 
 #: A batch folder: ``batch_id=N`` (Parquet; tables of earlier versions) or ``batch_id=N-{plan_id}``
-#: (``core.protocol.batch_output_location``).
+#: (``core.locations.batch_output_location``).
 _BATCH = re.compile(r"^batch_id=(?P<batch>\d+)(?:-(?P<plan>[0-9a-f]{12}))?$")
 #: A staging folder: ``{name}-{16 hex digits of the writer}`` (``core.job.staging_location``).
 _STAGED = re.compile(r"^(?P<name>.+)-[0-9a-f]{16}$")

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_kinesis_spark.core.names import stream_name_of
-from airflow_kinesis_spark.core.protocol import COMMITTED_DIR, committed_record_location
+from airflow_kinesis_spark.core.locations import COMMITTED_DIR, committed_record_location
 from airflow_kinesis_spark.sinks import BatchMark, Sink, TableCommit, plan_marker
 from airflow_kinesis_spark.sinks.files import exists, list_data_files, read_schema, read_text, write_text
 

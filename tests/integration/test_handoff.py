@@ -39,13 +39,8 @@ from airflow_kinesis_spark.core.job import (
 )
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.probes import probe_ranges
-from airflow_kinesis_spark.core.protocol import (
-    IncrementalSettings,
-    commit_handed,
-    hands_off,
-    prepare_incremental,
-    run_incremental,
-)
+from airflow_kinesis_spark.core.interfaces import hands_off
+from airflow_kinesis_spark.core.protocol import IncrementalSettings, commit_handed, prepare_incremental, run_incremental
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head
 from airflow_kinesis_spark.exceptions import (
     BatchLeaseHeldError,
@@ -72,7 +67,7 @@ WAIT = 30.0
 
 
 class FileJob:
-    """A handed job without Spark (a :class:`~airflow_kinesis_spark.core.protocol.HandedBatchJob`).
+    """A handed job without Spark (a :class:`~airflow_kinesis_spark.core.interfaces.HandedBatchJob`).
 
     :param store_class: the store the driver builds from its arguments (a paused one, see
         :func:`store_paused_at`).

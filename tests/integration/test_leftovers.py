@@ -25,7 +25,8 @@ from airflow_kinesis_spark.cli import main as cli
 from airflow_kinesis_spark.core.job import staging_location
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import format_timestamp
-from airflow_kinesis_spark.core.protocol import IncrementalSettings, planned_output_location, run_incremental
+from airflow_kinesis_spark.core.locations import planned_output_location
+from airflow_kinesis_spark.core.protocol import IncrementalSettings, run_incremental
 from airflow_kinesis_spark.core.schema import arrow_schema
 from airflow_kinesis_spark.sinks import build_sink
 from airflow_kinesis_spark.sinks.leftovers import find_leftovers, remove_leftovers, scan_leftovers
@@ -78,7 +79,7 @@ def make_plan(root: Path, batch_id: int, *, created: datetime | None = None, tab
 
 
 def window_plan(root: Path, start: datetime, end: datetime, run: str) -> BatchPlan:
-    from airflow_kinesis_spark.core.protocol import window_output_location
+    from airflow_kinesis_spark.core.locations import window_output_location
 
     return BatchPlan(batch_id=0, stream_name=STREAM, consumer_name=CONSUMER, cutoff=end, created_at=DAY, ranges=(),
                      checkpoints={}, output_location=f"{window_output_location(str(root), start, end)}/run={run}", mode="window",

@@ -9,7 +9,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.core.planner import plan_incremental
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber
-from airflow_kinesis_spark.core.protocol import IncrementalSettings, incremental_summary, plan_batch
+from airflow_kinesis_spark.core.protocol import IncrementalSettings, plan_batch
+from airflow_kinesis_spark.core.summaries import incremental_summary
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator

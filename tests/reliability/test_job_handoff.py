@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from airflow_kinesis_spark.core.job import staging_location
-from airflow_kinesis_spark.core.protocol import batch_output_location
+from airflow_kinesis_spark.core.locations import batch_output_location
 from demo.producer import put_aggregated, put_plain, verify
 from tests.conftest import create_stream
 from tests.reliability.fault_proxy import FaultProxy
