@@ -5,8 +5,9 @@
   checkpoint store and records its report there (:func:`hands_off` tells them apart).
   spark-submit and Spark Connect are two implementations (``airflow_kinesis_spark.hooks.spark``);
   tests use fake ones;
-* a **sink** (:class:`Sink`) makes a batch's rows visible: Parquet folders, Iceberg, Delta
-  (``airflow_kinesis_spark.sinks``).
+* a **sink** makes a batch's rows visible: Parquet folders, Iceberg, Delta. It is defined once,
+  as :class:`airflow_kinesis_spark.sinks.Sink`, whose subclasses the protocol receives; core
+  imports it for type checking only (core never imports ``sinks`` at run time).
 
 The protocol (``core.protocol``) calls these and nothing else of them; this module does not
 import it.
@@ -16,14 +17,13 @@ No Airflow import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.ranges import ShardReport
 
-__all__ = ["BatchJob", "HandedBatchJob", "Sink", "hands_off"]
+__all__ = ["BatchJob", "HandedBatchJob", "hands_off"]
 
 
 class BatchJob(Protocol):
@@ -71,41 +71,6 @@ class HandedBatchJob(Protocol):
     def kill(self) -> None:
         """Stop a running job at once."""
         ...
-
-
-class Sink(Protocol):
-    """Where a batch's rows become visible (``airflow_kinesis_spark.sinks``: Parquet folders,
-    Iceberg, Delta). Every method is idempotent: the protocol calls them again when it rolls a
-    batch forward.
-
-    - ``output_spec()``: what the job writes (an ``OutputSpec``, stored in each plan).
-    - ``commit_batch(plan, reports)``: make a batch with records visible *before* its checkpoints
-      advance (a table commit that records stream, consumer and batch id; a batch already in the
-      table adds nothing); returns a ``TableCommit`` (or ``None``).
-    - ``after_checkpoint_commit(plan, reports)``: after they advanced (Parquet's committed record).
-    - ``repair(store, head)``: before planning, finish what a crash after the last checkpoint
-      commit left undone.
-    - ``commit_window(plan, reports)``: replace a window's rows atomically.
-    """
-
-    format: str
-    table: str
-
-    def output_spec(self) -> Any: ...
-
-    def planned_output_spec(self) -> Any: ...
-
-    def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> Any: ...
-
-    def check_written(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
-
-    def check_schema(self, transform: str | None) -> None: ...
-
-    def after_checkpoint_commit(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None: ...
-
-    def repair(self, store: Any, head: Any) -> None: ...
-
-    def commit_window(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> Any: ...
 
 
 def hands_off(job: Any) -> bool:

@@ -23,7 +23,7 @@ from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.window import window_label
 
 if TYPE_CHECKING:
-    from airflow_kinesis_spark.core.interfaces import Sink
+    from airflow_kinesis_spark.sinks import Sink
 
 __all__ = [
     "batch_output_location",

@@ -36,7 +36,7 @@ from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import PendingPlanMismatchError
 
 if TYPE_CHECKING:
-    from airflow_kinesis_spark.core.interfaces import Sink
+    from airflow_kinesis_spark.sinks import Sink
 
 __all__ = [
     "check_pending_plan",

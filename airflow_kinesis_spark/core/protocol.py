@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES, ensure_stream_consumer
 from airflow_kinesis_spark.core.lag import find_trim_gaps, known_until
@@ -44,13 +44,16 @@ from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shar
 from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.window import derive_slices, plan_window, validate_window, validate_window_report, window_label
 from airflow_kinesis_spark.core.job import JobArguments, writer_id
-from airflow_kinesis_spark.core.interfaces import BatchJob, HandedBatchJob, Sink, hands_off
+from airflow_kinesis_spark.core.interfaces import BatchJob, HandedBatchJob, hands_off
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportNotRecordedError
 
 from airflow_kinesis_spark.core.locations import _is_table, batch_output_location, planned_output_location, window_output_location
 from airflow_kinesis_spark.core.pending import _output_spec, _task_settings, check_pending_against_stream, check_pending_plan
 from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcome, window_run_summary
 from airflow_kinesis_spark.core.window_position import check_window_position
+
+if TYPE_CHECKING:  # defined once, in sinks; core does not import sinks at run time
+    from airflow_kinesis_spark.sinks import Sink
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ class IncrementalSettings:
         ``AT_TIMESTAMP``).
     :param lease_seconds: the lease on a pending batch (seconds).
     :param min_call_interval: seconds between two GetRecords calls on one shard for the probes.
-    :param sink: the output form (:class:`~airflow_kinesis_spark.core.interfaces.Sink`);
+    :param sink: the output form (:class:`~airflow_kinesis_spark.sinks.Sink`);
         ``None``: Parquet folders without committed records (protocol tests).
     :param consumer_type: ``polling`` (GetRecords) or ``efo`` (enhanced fan-out: the consumer is
         registered as a stream consumer, or reused, and the job subscribes as it; ``core.consumers``).
@@ -121,7 +124,7 @@ class WindowSettings:
         (:func:`~airflow_kinesis_spark.core.window.derive_slices`).
     :param slice_length: the shortest slice worth a task when deriving.
     :param parallelism: Spark tasks to keep busy when deriving.
-    :param sink: the output form (:class:`~airflow_kinesis_spark.core.interfaces.Sink`); a
+    :param sink: the output form (:class:`~airflow_kinesis_spark.sinks.Sink`); a
         table's window commit replaces the window's rows, and each run then writes its own
         folder under the window's (``run=...``), so a re-run never deletes files the table's
         current snapshot holds.

@@ -27,7 +27,7 @@ from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.window import window_summary
 
 if TYPE_CHECKING:
-    from airflow_kinesis_spark.core.interfaces import Sink
+    from airflow_kinesis_spark.sinks import Sink
 
 # The protocol's logger, not this module's: see the module docstring.
 log = logging.getLogger("airflow_kinesis_spark.core.protocol")

@@ -25,6 +25,7 @@ def test_there_are_example_dags():
         "kinesis_sensors.py",
         "kinesis_split.py",
         "kinesis_tables.py",
+        "kinesis_typed.py",
     ]
 
 
