@@ -38,7 +38,7 @@ from airflow_kinesis_spark.core.consumers import deregister_stream_consumer
 from airflow_kinesis_spark.core.lag import measure_lag
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
-from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS
+from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.shards import Shard
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from airflow_kinesis_spark.core.planner import BatchPlan, rewind_checkpoints
 from airflow_kinesis_spark.core.locations import batch_output_location, committed_record_location, plan_id
-from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
+from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import (
     BatchLeaseHeldError,

@@ -28,7 +28,8 @@ from airflow_kinesis_spark.core.read_options import MIN_CALL_INTERVAL_S
 from airflow_kinesis_spark.core.reader import ShardReader, probe_reader
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.shards import ListShardsPager, Shard, raise_for_stream
-from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head
+from airflow_kinesis_spark.core.head import Head
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 __all__ = [
     "list_shards",

@@ -35,7 +35,7 @@ from typing import Any
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
 from airflow_kinesis_spark.core.planner import BatchPlan, validate_report
 from airflow_kinesis_spark.core.ranges import ShardReport
-from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
+from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.exceptions import CheckpointConflictError
 
 log = logging.getLogger(__name__)
@@ -376,7 +376,7 @@ def handed_batch_state(
 ) -> dict[str, Any] | None:  # fmt: skip
     """Where a handed batch stands, from the store's head item (what a deferred task waits on).
 
-    :param head: the head (:class:`~airflow_kinesis_spark.core.store.Head`).
+    :param head: the head (:class:`~airflow_kinesis_spark.core.head.Head`).
     :param handed_at_ms: when the batch was handed to its job (epoch milliseconds).
     :param job_start_timeout: seconds a job has to claim the batch after it was handed over
         (a cluster may queue it) before the wait gives up.

@@ -41,7 +41,7 @@ from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.probes import log_probes, probe_ranges
 from airflow_kinesis_spark.core.read_options import MIN_CALL_INTERVAL_S
 from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shards
-from airflow_kinesis_spark.core.store import DEFAULT_LEASE_SECONDS
+from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.window import derive_slices, plan_window, validate_window, validate_window_report, window_label
 from airflow_kinesis_spark.core.job import JobArguments, writer_id
 from airflow_kinesis_spark.core.interfaces import BatchJob, HandedBatchJob, hands_off
@@ -68,14 +68,11 @@ __all__ = [
     "plan_batch",
     "check_dead_letters",
     "IDLE_REFRESH",
-    "DEFAULT_LEASE_SECONDS",
 ]
 
 #: How often an idle consumer records that its shards were empty up to the cutoff: otherwise a
 #: stream idle for longer than its retention period would look like lost data.
 IDLE_REFRESH = timedelta(hours=1)
-# DEFAULT_LEASE_SECONDS (60 s, renewed every quarter of the lease) is defined, and its numbers
-# justified, with the lease in ``core.store``; re-exported here for the operators.
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from it.
 
 The store's parts live in modules of one concern each; this module keeps
 :class:`DynamoDBCheckpointStore` (reading the head and the batch log, the conditional writes that
-begin, record, commit, discard and rewind a batch, windows) and re-exports their public names:
+begin, record, commit, discard and rewind a batch, windows):
 
 * ``core.store_setup``: the table's creation, deletion protection, point-in-time recovery and TTL
   (:meth:`DynamoDBCheckpointStore.ensure_table` calls it);
@@ -101,30 +101,12 @@ from airflow_kinesis_spark.core.retention import DEFAULT_KEEP_BATCHES, expire_ol
 from airflow_kinesis_spark.core.store_setup import BACKUPS_RETRY_SECONDS, ensure_table
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, CheckpointStoreCorruptError
 
-# Moved out of this module (issue 30) and kept importable from it until their importers move:
-# Head (``core.head``), PARSE_ERRORS, FIX_RESTORE and FIX_PENDING (``core.corrupt``), CHUNK_CHARS,
-# TTL_ATTRIBUTE and join_chunks (``core.chunks``), DEFAULT_LEASE_SECONDS, HEARTBEATS_PER_LEASE,
-# heartbeat_interval and lease_held_error (``core.lease``), DEFAULT_KEEP_BATCHES
-# (``core.retention``), BACKUPS_RETRY_SECONDS (``core.store_setup``), BATCH_WRITE_MAX_ITEMS and
-# BATCH_WRITE_ATTEMPTS (``core.mirror``). CHUNK_CHARS and BACKUPS_RETRY_SECONDS are looked up in
-# this module at each call and passed on (``_put_chunks``, ``ensure_table``): patching them here
-# takes effect, as before the move.
-from airflow_kinesis_spark.core.chunks import TTL_ATTRIBUTE, join_chunks  # noqa: F401 - re-exported
-from airflow_kinesis_spark.core.corrupt import PARSE_ERRORS  # noqa: F401 - re-exported
-from airflow_kinesis_spark.core.lease import (  # noqa: F401 - re-exported
-    DEFAULT_LEASE_SECONDS,
-    HEARTBEATS_PER_LEASE,
-    heartbeat_interval,
-    lease_held_error,
-)
-from airflow_kinesis_spark.core.mirror import BATCH_WRITE_ATTEMPTS, BATCH_WRITE_MAX_ITEMS  # noqa: F401 - re-exported
+# CHUNK_CHARS and BACKUPS_RETRY_SECONDS are looked up in this module at each call and passed on
+# (``_put_chunks``, ``ensure_table``): tests patch them here.
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "Head", "DynamoDBCheckpointStore", "CHUNK_CHARS", "TTL_ATTRIBUTE", "DEFAULT_KEEP_BATCHES", "DEFAULT_LEASE_SECONDS",
-    "HEARTBEATS_PER_LEASE", "heartbeat_interval", "join_chunks", "PARSE_ERRORS", "FIX_RESTORE", "FIX_PENDING", "FIX_WINDOW",
-]  # fmt: skip
+__all__ = ["DynamoDBCheckpointStore", "FIX_WINDOW"]
 
 #: Days a window run's plan and report stay in the table (``write_window``).
 WINDOW_DAYS = 7

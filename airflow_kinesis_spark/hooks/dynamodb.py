@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_kinesis_spark.core.store import DEFAULT_KEEP_BATCHES, DynamoDBCheckpointStore
+from airflow_kinesis_spark.core.retention import DEFAULT_KEEP_BATCHES
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.kinesis import FailFastAwsHook
 
 __all__ = ["DynamoDBCheckpointHook"]

@@ -12,7 +12,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.admin import discard_pending, rewind
 from airflow_kinesis_spark.core.consumers import deregister_stream_consumer
-from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS
+from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 
 __all__ = ["KinesisCheckpointRewindOperator", "KinesisDiscardPendingBatchOperator", "KinesisDeregisterStreamConsumerOperator"]

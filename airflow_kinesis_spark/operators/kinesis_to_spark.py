@@ -31,7 +31,7 @@ from airflow_kinesis_spark.core.protocol import (
     run_window,
 )
 from airflow_kinesis_spark.core.read_options import READ_BYTES_PER_SECOND, ReadOptions
-from airflow_kinesis_spark.core.store import DEFAULT_KEEP_BATCHES
+from airflow_kinesis_spark.core.retention import DEFAULT_KEEP_BATCHES
 from airflow_kinesis_spark.core.transform import check_transform_spec, parse_allowed_modules, resolve_transform
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.operators.handoff import commit_event

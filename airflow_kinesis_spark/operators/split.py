@@ -37,7 +37,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
-from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, prepare_incremental
+from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
+from airflow_kinesis_spark.core.protocol import prepare_incremental
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
 from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise, handed_event

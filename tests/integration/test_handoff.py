@@ -41,7 +41,8 @@ from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.probes import probe_ranges
 from airflow_kinesis_spark.core.interfaces import hands_off
 from airflow_kinesis_spark.core.protocol import IncrementalSettings, commit_handed, prepare_incremental, run_incremental
-from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head
+from airflow_kinesis_spark.core.head import Head
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import (
     BatchLeaseHeldError,
     CheckpointConflictError,

@@ -19,8 +19,9 @@ from click.testing import CliRunner
 
 from airflow_kinesis_spark.cli import main as cli
 from airflow_kinesis_spark.core.positions import format_timestamp, parse_timestamp
-from airflow_kinesis_spark.core.protocol import DEFAULT_LEASE_SECONDS, run_incremental
-from airflow_kinesis_spark.core.store import HEARTBEATS_PER_LEASE, DynamoDBCheckpointStore, heartbeat_interval
+from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS, HEARTBEATS_PER_LEASE, heartbeat_interval
+from airflow_kinesis_spark.core.protocol import run_incremental
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, PendingPlanMismatchError
 from demo.producer import put_plain, verify
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream

@@ -25,7 +25,8 @@ from tests.helpers import checkpoints_after, make_plan, open_shards, reports_for
 import airflow_kinesis_spark.core.store as store_module
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.protocol import IncrementalSettings, prepare_incremental
-from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, join_chunks
+from airflow_kinesis_spark.core.chunks import join_chunks
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import CheckpointStoreCorruptError
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,8 @@ import airflow_kinesis_spark.core.store as store_module
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint, Sentinel
 from airflow_kinesis_spark.core.names import validate_table_name
-from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore, Head
+from airflow_kinesis_spark.core.head import Head
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError
 
 pytestmark = pytest.mark.integration
