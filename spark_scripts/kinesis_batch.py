@@ -149,7 +149,8 @@ def job_schema(records: dict[str, Any] | None) -> tuple[Any, str]:
     (``core.records.RecordDecoder.schema``), then :data:`JOB_COLUMNS`."""
     import pyarrow as pa
 
-    from airflow_kinesis_spark.core.records import RecordDecoder, spark_type
+    from airflow_kinesis_spark.core.record_schemas import spark_type
+    from airflow_kinesis_spark.core.records import RecordDecoder
 
     schema = arrow_schema()
     decoded = RecordDecoder(records).schema if records else []

@@ -293,7 +293,8 @@ class Sink:
         """
         import pyarrow as pa
 
-        from airflow_kinesis_spark.core.records import decoded_schema, spark_compatible
+        from airflow_kinesis_spark.core.record_schemas import spark_compatible
+        from airflow_kinesis_spark.core.records import decoded_schema
         from airflow_kinesis_spark.core.schema import arrow_schema
 
         batch = arrow_schema()

@@ -20,10 +20,9 @@ from airflow_kinesis_spark.core.records import (
     RecordSettings,
     decoded_schema,
     gsr_header,
-    parse_ddl,
     resolve_registry,
-    spark_type,
 )
+from airflow_kinesis_spark.core.record_schemas import parse_ddl, spark_type
 from airflow_kinesis_spark.exceptions import TableCommitError
 from demo.typed_producer import click_descriptor, encode_click, register_schemas, register_second_versions
 from tests.conftest import make_client
