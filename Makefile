@@ -18,7 +18,7 @@ PY35 := $(VENV35)/bin/python
 SPARK35_REQUIREMENTS := 'pyspark==3.5.9' 'numpy<2' 'pandas>=2.1,<2.2' 'pyarrow>=15,<16' 'boto3>=1.34' 'aws-kinesis-agg>=1.2' \
   'protobuf>=4.21' 'fastavro>=1.9' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
 
-.PHONY: bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables demo-typed test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
+.PHONY: typecheck bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables demo-typed test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -133,6 +133,7 @@ TEST_ENV := SPARK_SUBMIT_OPTS="$${SPARK_SUBMIT_OPTS-$(TEST_JVM_OPTS) -XX:SharedA
 # (consumer_type="efo"), `make test` runs one crash point (mid_read), the fault rates and the
 # reader's SubscribeToShard faults; `make test-reliability` every crash point and 20 random kills.
 test: venv venv-spark35 kinesalite postgres $(SPARK_CDS)
+	$(MAKE) --no-print-directory typecheck
 	$(TEST_ENV) KILL_POINTS=$${KILL_POINTS:-12} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
 	$(MAKE) --no-print-directory test-spark35
 
@@ -144,6 +145,10 @@ test-spark35: venv-spark35
 # The reliability suite alone (crash points, 50 seeded random kills, faults, concurrency, bad input).
 test-reliability: venv kinesalite $(SPARK_CDS)
 	$(TEST_ENV) KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q -m reliability
+
+# mypy on the Airflow-free core and the sinks ([tool.mypy] in pyproject.toml); make test runs it first.
+typecheck: venv
+	$(PY) -m mypy
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow" $(XDIST)

@@ -240,7 +240,7 @@ def _readable_pending_plan(store: Any, head: Any) -> BatchPlan | None:
     the fix for a corrupt plan (``CheckpointStoreCorruptError`` says so), so it must not need the
     plan. Without a plan, :func:`_output_action` deletes nothing."""
     try:
-        return store.pending_plan(head)  # type: ignore[no-any-return]
+        return store.pending_plan(head)
     except CheckpointStoreCorruptError as err:
         log.warning("discarding pending batch %s without reading its plan: %s", head.pending_batch_id, err)
         return None

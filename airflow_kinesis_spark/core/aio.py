@@ -82,8 +82,11 @@ async def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, 
 async def _step(reader: ShardReader, client: Any) -> None:
     """One ``GetRecords`` of the reader's range, applied to it; an expired shard iterator is
     renewed after the last record read instead."""
+    iterator = reader.next_iterator
+    if iterator is None:  # the caller steps a reader only while it has an iterator (not done)
+        raise RuntimeError(f"shard {reader.range.shard_id}: no shard iterator to read from")
     try:
-        response = await _call(reader, client.get_records, **reader.records_request(reader.next_iterator))
+        response = await _call(reader, client.get_records, **reader.records_request(iterator))
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") != "ExpiredIteratorException":
             raise

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +123,7 @@ class _Joined:
     chunks: int
 
 
-def _join(items: list[Mapping[str, Any]], prefix: str | None = None) -> _Joined | None:
+def _join(items: Sequence[Mapping[str, Any]], prefix: str | None = None) -> _Joined | None:
     """Join chunk items (any order; ``prefix``: their sort keys' common start, when known) and
     parse their JSON; ``None`` when there are none.
 
@@ -178,7 +178,7 @@ def _join(items: list[Mapping[str, Any]], prefix: str | None = None) -> _Joined 
     return _Joined(data, ordered[0][0], ordered[0][1], count)
 
 
-def join_chunks(items: list[Mapping[str, Any]], what: str, *, table_name: str | None = None) -> Any | None:
+def join_chunks(items: Sequence[Mapping[str, Any]], what: str, *, table_name: str | None = None) -> Any | None:
     """The JSON payload of chunk items (any order); ``None`` when there are none.
 
     :param what: what the chunks hold (``PLAN of batch 7``), named in the error.
@@ -197,7 +197,7 @@ def join_chunks(items: list[Mapping[str, Any]], what: str, *, table_name: str | 
 
 
 def load_chunks(
-    items: list[Mapping[str, Any]], prefix: str, what: str, fix: str, parse: Callable[[Any], Any], *, table_name: str,
+    items: Sequence[Mapping[str, Any]], prefix: str, what: str, fix: str, parse: Callable[[Any], Any], *, table_name: str,
     pk: str,
 ) -> Any | None:  # fmt: skip
     """Join chunk items under ``prefix`` and ``parse`` the JSON; every error of either as a
@@ -221,7 +221,7 @@ def load_chunks(
 
 
 def parse_payload_chunks(
-    items: list[Mapping[str, Any]], batch_id: int, kind: str, owner: str, *, pending: bool, table_name: str, pk: str
+    items: Sequence[Mapping[str, Any]], batch_id: int, kind: str, owner: str, *, pending: bool, table_name: str, pk: str
 ) -> Any | None:
     """The chunk items of one payload of the batch log, joined and parsed (``PLAN``: a
     :class:`~airflow_kinesis_spark.core.planner.BatchPlan`, ``REPORT``: a list of

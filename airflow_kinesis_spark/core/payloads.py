@@ -115,7 +115,7 @@ def _checkpoint_at(value: Any, path: str) -> Checkpoint:
     for name in ("timestamp", "clear_until"):
         if data.get(name):
             _timestamp_at(data[name], _at(path, name))
-    return _parsed(path, Checkpoint.from_dict, data)  # type: ignore[no-any-return]
+    return _parsed(path, Checkpoint.from_dict, data)
 
 
 def _checkpoints_at(value: Any, path: str) -> dict[str, Checkpoint]:

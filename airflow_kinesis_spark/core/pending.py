@@ -148,8 +148,8 @@ def _differences(plan: BatchPlan, head: Any, store: Any, settings: Any) -> list[
     if plan.ranges:
         expected["max records per shard"], stored["max records per shard"] = settings.max_records_per_shard, _caps(plan, "max_records")
         expected["max bytes per shard"], stored["max bytes per shard"] = settings.max_bytes_per_shard, _caps(plan, "max_bytes")
-    if (initial := _planned_initial_position(plan)) is not None:
-        expected["initial position"], stored["initial position"] = _initial_position(settings), initial
+    if (planned_initial := _planned_initial_position(plan)) is not None:
+        expected["initial position"], stored["initial position"] = _initial_position(settings), planned_initial
     found = [
         (k, f"{k}: the plan has {stored[k]!r}, this task has {v!r}" + (f" (set by {_SET_BY[k]})" if k in _SET_BY else ""))
         for k, v in expected.items() if stored[k] != v

@@ -348,11 +348,11 @@ def validate_report(plan: BatchPlan, reports: Iterable[ShardReport]) -> dict[str
         problems.append(f"unplanned shards in the report: {', '.join(extra)}")
     checkpoints = dict(plan.checkpoints)
     for shard_id, rng in planned.items():
-        report = by_shard.get(shard_id)
-        if report is None:
+        shard_report = by_shard.get(shard_id)
+        if shard_report is None:
             continue
-        problems.extend(f"shard {shard_id}: {p}" for p in _range_problems(rng, report))
-        checkpoints[shard_id] = advance(rng, report)
+        problems.extend(f"shard {shard_id}: {p}" for p in _range_problems(rng, shard_report))
+        checkpoints[shard_id] = advance(rng, shard_report)
     if problems:
         raise ReportValidationError(
             f"batch {plan.batch_id} of {plan.stream_name}/{plan.consumer_name}: the Spark job's report does "

@@ -488,7 +488,7 @@ def _commit(
     """
     table = None
     check_dead_letters(plan, reports)
-    if sink is not None and sum(r.records for r in reports):
+    if sink is not None and any(r.records for r in reports):
         sink.check_written(plan, reports)  # the report against the published files: a forged one commits nothing
         if _is_table(sink):
             store.heartbeat(plan.batch_id, owner)  # still this run's batch: a zombie makes no table commit

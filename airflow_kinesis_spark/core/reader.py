@@ -655,7 +655,7 @@ class ShardReader:
                 return True
         if rng.starting_hash_key is not None and count and subs[0] is not None:
             low, high = int(rng.starting_hash_key), int(rng.ending_hash_key or rng.starting_hash_key)
-            kept = users if not start else _Users(*(column[start:] for column in users[:6]), *users[6:])
+            kept = users if not start else users._replace(**{name: getattr(users, name)[start:] for name in users._fields[:6]})
             p.out_of_range += kept.out_of_range(low, high)
         page.add(sequence_number, arrival, users, start)
         if count:

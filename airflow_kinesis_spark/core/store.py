@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -248,7 +248,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
         return Head.from_item(item, table_name=self.table_name)
 
     def parse_chunks(
-        self, items: list[Mapping[str, Any]], batch_id: int, kind: str, owner: str, *, pending: bool
+        self, items: Sequence[Mapping[str, Any]], batch_id: int, kind: str, owner: str, *, pending: bool
     ) -> Any | None:
         """The chunk items of one payload of the batch log (what a ``Query`` of
         :meth:`chunks_request` returns, any order), joined and parsed: ``PLAN`` a
@@ -292,7 +292,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
         head = head or self.head()
         if head.committed_batch_id == 0 or head.committed_plan_owner is None:
             return None
-        return self._read_batch(head.committed_batch_id, "PLAN", head.committed_plan_owner, pending=False)  # type: ignore[no-any-return]
+        return self._read_batch(head.committed_batch_id, "PLAN", head.committed_plan_owner, pending=False)
 
     def committed_checkpoints(self, head: Head | None = None) -> dict[str, Checkpoint]:
         """Every shard's committed checkpoint (empty before the first commit).
@@ -306,7 +306,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
         checkpoints = self._read_batch(head.committed_batch_id, "CKPT", head.committed_owner, pending=False)
         if checkpoints is None:
             raise self.missing_checkpoints_error(head)
-        return checkpoints  # type: ignore[no-any-return]
+        return checkpoints
 
     def pending_plan(self, head: Head | None = None) -> BatchPlan | None:
         """The plan of the pending (planned, uncommitted) batch, if there is one.
@@ -324,7 +324,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
                 "pending_plan_owner", f"pending batch {head.pending_batch_id} has no stored plan (no item with sk {prefix}00000)",
                 fix=FIX_PENDING,
             )  # fmt: skip
-        return plan  # type: ignore[no-any-return]
+        return plan
 
     def pending_report(self, head: Head | None = None) -> list[ShardReport] | None:
         """The recorded job report of the pending batch, if its output was written.
@@ -334,7 +334,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
         head = head or self.head()
         if head.pending_batch_id is None or head.pending_report_owner is None:
             return None
-        return self._read_batch(head.pending_batch_id, "REPORT", head.pending_report_owner, pending=True)  # type: ignore[no-any-return]
+        return self._read_batch(head.pending_batch_id, "REPORT", head.pending_report_owner, pending=True)
 
     def committed_report(self, head: Head | None = None) -> list[ShardReport] | None:
         """The job report the last committed batch was committed with (``None``: committed
@@ -345,7 +345,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
         head = head or self.head()
         if head.committed_batch_id == 0 or head.committed_report_owner is None:
             return None
-        return self._read_batch(head.committed_batch_id, "REPORT", head.committed_report_owner, pending=False)  # type: ignore[no-any-return]
+        return self._read_batch(head.committed_batch_id, "REPORT", head.committed_report_owner, pending=False)
 
     # -- state changes (each one conditional update of the head) --------------------------------
 
@@ -552,14 +552,14 @@ class DynamoDBCheckpointStore(LeaseHolding):
 
         :raises CheckpointStoreCorruptError: its items do not parse (names the item and field).
         """
-        return self._read_window(label, "PLAN", owner, lambda data: _plan_at(data, None))  # type: ignore[no-any-return]
+        return self._read_window(label, "PLAN", owner, lambda data: _plan_at(data, None))
 
     def window_report(self, label: str, owner: str) -> list[ShardReport] | None:
         """The ``REPORT`` :meth:`write_window` stored for window ``label`` (``None``: nothing).
 
         :raises CheckpointStoreCorruptError: its items do not parse (names the item and field).
         """
-        return self._read_window(label, "REPORT", owner, _reports_at)  # type: ignore[no-any-return]
+        return self._read_window(label, "REPORT", owner, _reports_at)
 
     def _read_window(self, label: str, kind: str, owner: str, parse: Callable[[Any], Any]) -> Any | None:
         prefix = f"WINDOW#{label}#{kind}#{owner}#"

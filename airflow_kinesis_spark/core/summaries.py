@@ -144,7 +144,7 @@ def _read_seconds(reports: Sequence[ShardReport]) -> float | None:
     spans = [(r.read_started, r.read_ended) for r in reports if r.read_started is not None and r.read_ended is not None]
     if not spans:
         return None
-    return max(end for _, end in spans) - min(start for start, _ in spans)  # type: ignore[type-var,operator]
+    return max(end for _, end in spans) - min(start for start, _ in spans)
 
 
 def log_outcome(plan: BatchPlan, reports: Sequence[ShardReport], summary: Mapping[str, Any], *, committed_by: str | None = None) -> None:

@@ -73,7 +73,7 @@ def check_window_position(plan: BatchPlan, settings: Any, store: Any) -> None:
     shards = "; ".join(f"{k}: {v}" for k, v in list(behind.items())[:5]) + (f"; and {len(behind) - 5} more" if len(behind) > 5 else "")
     bound = f"End the window at {format_timestamp(latest)} or earlier" if latest else "Run the window after the consumer's next batches"
     raise WindowAheadError(
-        f"Window [{format_timestamp(plan.window_start)}, {format_timestamp(end)}) into output {where} reaches past what "
+        f"Window [{format_timestamp(plan.window_start or end)}, {format_timestamp(end)}) into output {where} reaches past what "
         f"consumer {settings.consumer_name!r} has committed ({shards}): the consumer's next incremental batches would add "
         f"those rows again. Nothing was read or written. {bound}, or write the window to another output_path or table "
         "(docs/backfill.md, windows and incremental batches).",

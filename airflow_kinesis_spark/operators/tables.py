@@ -72,7 +72,6 @@ class KinesisTableCompactionOperator(OutputSettingsMixin, ConsumerHooksMixin, Ba
         start, end = parse_timestamp(start), parse_timestamp(end)
         if start >= end:
             raise ValueError(f"start must be before end; got [{start.isoformat()}, {end.isoformat()})")
-        options = {"target_size": self.target_file_size or None} if self.output_format == "delta" else {}
-        result = self.sink.compact(start, end, **options)
+        result = self.sink.compact(start, end, target_size=(self.target_file_size or None) if self.output_format == "delta" else None)
         self.log.info("Compacted %s: %s", self.sink.table, result)
         return result

@@ -146,7 +146,7 @@ class OutputSpec:
             format=data.get("format", "parquet"),
             partition=tuple(PartitionField(*f) for f in data.get("partition", ())),
             max_records_per_file=int(data.get("max_records_per_file", 0)),
-            derived=tuple(tuple(d) for d in data.get("derived", ())),  # type: ignore[misc]
+            derived=tuple(tuple(d) for d in data.get("derived", ())),
             target_file_size=int(data.get("target_file_size", 0)),
             records=data.get("records"),
         )
@@ -472,9 +472,11 @@ class Sink:
         """Replace the window's rows in the table with the window's files, atomically."""
         return None
 
-    def compact(self, start: Any, end: Any, **options: Any) -> dict[str, Any]:
+    def compact(self, start: Any, end: Any, *, target_size: int | None = None) -> dict[str, Any]:
         """Rewrite the small files holding rows that arrived in ``[start, end)`` (tables only).
 
+        :param target_size: target bytes per file (Delta's ``optimize.compact``); Iceberg uses its
+            table's ``write.target-file-size-bytes`` and refuses another value.
         :raises ValueError: this output form has no table to compact.
         """
         raise ValueError(f"output_format {self.format!r} has no table to compact: compaction is for 'iceberg' and 'delta'")

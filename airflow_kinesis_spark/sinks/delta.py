@@ -125,7 +125,7 @@ class DeltaSink(Sink):
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+            return DeltaTable(self.uri, storage_options=dict(self.storage_options) if self.storage_options else None)
         except TableNotFoundError:
             return None
 
@@ -342,7 +342,8 @@ class DeltaSink(Sink):
                 try:
                     create_table_with_add_actions(self.uri, _delta_schema(schema), adds, mode="error",
                                                   partition_by=list(self.partition_by) or None,
-                                                  storage_options=self.storage_options or None, commit_properties=properties)  # fmt: skip
+                                                  storage_options=dict(self.storage_options) if self.storage_options else None,
+                                                  commit_properties=properties)  # fmt: skip
                 except DeltaError as err:
                     if self.load() is not None:  # created by a concurrent writer meanwhile
                         raise _TableExists(str(err)) from err

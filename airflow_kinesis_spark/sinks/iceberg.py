@@ -53,6 +53,26 @@ DEFAULT_PARTITION = ("day(approximate_arrival_timestamp)",)
 COMMIT_ATTEMPTS = 5
 
 
+
+# pyiceberg's predicates are pydantic models: their constructor takes the column's name and the
+# value positionally (pyiceberg's documented use), while their typed fields (``term``, ``value``)
+# are what a type checker sees; the two calls below are where that difference is accepted.
+
+
+def _arrival_between(start: Any, end: Any) -> Any:
+    """``start <= approximate_arrival_timestamp < end`` (aware datetimes) as a pyiceberg row filter."""
+    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
+    column = "approximate_arrival_timestamp"
+    return And(GreaterThanOrEqual(column, start.isoformat()), LessThan(column, end.isoformat()))  # type: ignore[call-arg,arg-type]
+
+
+def _equal_to(column: str, value: str) -> Any:
+    """``column = value`` as a pyiceberg row filter."""
+    from pyiceberg.expressions import EqualTo
+
+    return EqualTo(column, value)  # type: ignore[call-arg,arg-type]
+
 class IcebergSink(Sink):
     """Batches as Iceberg snapshots (module doc).
 
@@ -218,7 +238,7 @@ class IcebergSink(Sink):
         the table's current snapshot never see the window's rows missing, but the table's
         history shows the two. The commit's summary records stream, consumer and window.
         """
-        from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+        from pyiceberg.expressions import And
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
         label = f"{format_timestamp(plan.window_start)}/{format_timestamp(plan.cutoff)}"
@@ -229,10 +249,9 @@ class IcebergSink(Sink):
             if "approximate_arrival_timestamp" not in names:
                 raise TableCommitError(f"table {self.identifier} has no approximate_arrival_timestamp column: a window "
                                        "cannot replace its rows (keep the column in the transform's output)")  # fmt: skip
-            where = And(GreaterThanOrEqual("approximate_arrival_timestamp", plan.window_start.isoformat()),
-                        LessThan("approximate_arrival_timestamp", plan.cutoff.isoformat()))  # fmt: skip
+            where = _arrival_between(plan.window_start, plan.cutoff)
             if "stream_name" in names:
-                where = And(where, EqualTo("stream_name", stream_name_of(plan.stream_name)))
+                where = And(where, _equal_to("stream_name", stream_name_of(plan.stream_name)))
             maybe = [t.file for t in table.scan(row_filter=where).plan_files()]
             straddling = [f.file_path for f in maybe if not self._wholly_inside(table.schema(), f, plan)]
             if straddling:
@@ -279,7 +298,7 @@ class IcebergSink(Sink):
         stream = bounds("stream_name")
         return stream is not None and stream[0] == stream[1] == stream_name_of(plan.stream_name)
 
-    def compact(self, start: Any, end: Any) -> dict[str, Any]:
+    def compact(self, start: Any, end: Any, *, target_size: int | None = None) -> dict[str, Any]:
         """Rewrite the rows with ``approximate_arrival_timestamp`` in ``[start, end)`` into as few
         files as the table's ``write.target-file-size-bytes`` allows: one overwrite snapshot
         (copy-on-write, pyiceberg), retried on a conflicting commit.
@@ -290,11 +309,11 @@ class IcebergSink(Sink):
         :returns: ``table``, ``files_before``, ``files_after``, ``rows``, ``snapshot_id`` (``None``
             when there was nothing to compact: at most one file).
         """
+        if target_size is not None:
+            raise ValueError("Iceberg compaction writes files of the table's write.target-file-size-bytes: set that "
+                             "table property instead of target_size")  # fmt: skip
         from pyiceberg.exceptions import CommitFailedException
-        from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
-
-        where = And(GreaterThanOrEqual("approximate_arrival_timestamp", start.isoformat()),
-                    LessThan("approximate_arrival_timestamp", end.isoformat()))  # fmt: skip
+        where = _arrival_between(start, end)
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             table = self.load()
             if table is None:
