@@ -118,11 +118,23 @@ def test_resharding_sensor_reports_a_split(aws_conn, kinesis, dynamodb, unique_n
 
 
 def test_resharding_sensor_waits_while_the_stream_is_updating(aws_conn, kinesis, dynamodb, unique_name, monkeypatch):
+    """A real split: the children are listed. While the stream still says UPDATING (as AWS does
+    while an UpdateShardCount goes on, children of some shards listed and others not yet; moto
+    ends every reshard at once, so its status is held here) the sensor waits; once ACTIVE it fires."""
     create_stream(kinesis, unique_name, 1)
     consume_everything(kinesis, dynamodb, unique_name, f"{unique_name}_t")
+    parent = list_shards(kinesis, unique_name)[0]
+    middle = (int(parent.starting_hash_key) + int(parent.ending_hash_key)) // 2
+    kinesis.split_shard(StreamName=unique_name, ShardToSplit=parent.shard_id, NewStartingHashKey=str(middle))
+    kinesis.get_waiter("stream_exists").wait(StreamName=unique_name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
+    assert len(list_shards(kinesis, unique_name)) == 3
     sensor = KinesisReshardingSensor(**sensor_args(unique_name))
-    monkeypatch.setattr(type(sensor.kinesis_hook), "describe_stream_summary", lambda self, name: {"StreamStatus": "UPDATING"})
-    assert sensor.poke({}).is_done is False
+    real = type(sensor.kinesis_hook).describe_stream_summary
+    with monkeypatch.context() as patched:
+        patched.setattr(type(sensor.kinesis_hook), "describe_stream_summary",
+                        lambda self, name: {**real(self, name), "StreamStatus": "UPDATING"})  # fmt: skip
+        assert sensor.poke({}).is_done is False
+    assert KinesisReshardingSensor(**sensor_args(unique_name)).poke({}).is_done is True
 
 
 def test_retention_guard_passes_fails_and_soft_fails(aws_conn, kinesis, unique_name):
