@@ -76,3 +76,33 @@ def test_every_flag_the_docs_give_a_command_exists():
                     flags = re.findall(r"(?<![\w-])(--[a-z][\w-]*)", invocation)
                     unknown = sorted(f for f in flags if f not in known)
                     assert not unknown, f"{page.name}: {line.strip()!r} gives {unknown}, which kinesis-spark does not take"
+
+
+def _documented_calls(page: str, heading: str) -> list[tuple[str, list[str]]]:
+    """``(name, parameter names)`` of every ``| `name(params)` |`` row under ``heading``."""
+    text = (DOCS / page).read_text()
+    section = text.split(heading + "\n", 1)[1].split("\n#", 1)[0]
+    calls = []
+    for row in section.splitlines():
+        for name, params in re.findall(r"`([a-z_]+)\(([^`]*)\)`", row.split("|")[1] if row.startswith("|") else ""):
+            names = [p.split("=")[0].strip() for p in params.split(",") if p.strip() and p.strip() not in ("*", "/")]
+            calls.append((name, names))
+    return calls
+
+
+@pytest.mark.parametrize(("heading", "cls"), [
+    ("## KinesisStreamHook", "airflow_kinesis_spark.hooks.kinesis:KinesisStreamHook"),
+    ("## DynamoDBCheckpointHook", "airflow_kinesis_spark.hooks.dynamodb:DynamoDBCheckpointHook"),
+    ("### DynamoDBCheckpointStore", "airflow_kinesis_spark.core.store:DynamoDBCheckpointStore"),
+], ids=lambda v: v if isinstance(v, str) and ":" not in v else "")  # fmt: skip
+def test_hook_and_store_method_tables_match_the_signatures(heading, cls):
+    import importlib
+
+    module, _, name = cls.partition(":")
+    target = getattr(importlib.import_module(module), name)
+    calls = _documented_calls("hooks.md", heading)
+    assert calls, f"no method rows under {heading}"
+    for method, documented in calls:
+        assert hasattr(target, method), f"docs/hooks.md {heading}: {name} has no method {method}"
+        actual = [p for p in inspect.signature(getattr(target, method)).parameters if p != "self"]
+        assert documented == actual, f"docs/hooks.md {heading}: {method}({', '.join(documented)}) but the code has ({', '.join(actual)})"

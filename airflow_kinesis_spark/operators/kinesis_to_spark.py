@@ -37,7 +37,9 @@ from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.operators.handoff import commit_event
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
-from airflow_kinesis_spark.hooks.spark import SparkJob, SparkJobSettings, spark_script_path, validate_job_credentials
+from airflow_kinesis_spark.hooks.spark import SparkJob
+from airflow_kinesis_spark.hooks.spark_package import spark_script_path
+from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, validate_job_credentials
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
 
 __all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path", "transform_allowed_modules"]
@@ -502,7 +504,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
 
         :raises AirflowFailException: the batch was taken over or is no longer pending, or the
             recorded report does not match the plan (no retry).
-        :raises AirflowException: the job ended without a report (retryable: the plan stays pending).
+        :raises ReportNotRecordedError: the job ended without a report (retryable: the plan stays pending).
         """
         self.validate()
         summary = commit_event(self._store(), event, self.lease_seconds, reused=reused, sink=self.sink, plan_digest=plan_digest)

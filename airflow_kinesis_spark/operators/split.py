@@ -169,8 +169,8 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
     :param aws_conn_id: the ``aws`` connection (templated).
     :param region_name: overrides the connection's region (templated).
     :returns: (XCom) the batch summary, as :class:`KinesisToSparkOperator`'s.
-    :raises AirflowException: (retryable) no report recorded yet, or the job's driver still holds
-        the lease; the plan stays pending.
+    :raises ReportNotRecordedError: (retryable) no report recorded yet; the plan stays pending.
+    :raises BatchLeaseHeldError: (retryable) the job's driver still holds the lease.
     :raises AirflowFailException: another run took the batch over or moved on, or the report does
         not match the plan.
     """
