@@ -83,8 +83,11 @@ def _clients(ctx: click.Context) -> tuple[Any, Any]:
                 DynamoDBCheckpointHook(aws_conn_id=opts["aws_conn_id"], region_name=opts["region"]).conn)  # fmt: skip
     import boto3
 
+    from airflow_kinesis_spark.core.read_options import own_throttling
+
     session = boto3.session.Session(profile_name=opts["profile"], region_name=opts["region"])
-    clients = (session.client("kinesis", endpoint_url=opts["endpoint_url"]),
+    # as the hooks' clients: the probes retry their own throttling (own_throttling)
+    clients = (own_throttling(session.client("kinesis", endpoint_url=opts["endpoint_url"])),
                session.client("dynamodb", endpoint_url=opts["endpoint_url"]))  # fmt: skip
     source = "--endpoint-url" if opts["endpoint_url"] else "the AWS configuration" + (f" of profile {opts['profile']!r}" if opts["profile"] else "")
     for client in clients:
@@ -510,7 +513,8 @@ def package(directory: str, as_json: bool) -> None:
     own dependencies: boto3, aws-kinesis-agg, protobuf and pyarrow (docs/platforms.md)."""
     import shutil
 
-    from airflow_kinesis_spark.hooks.spark import LOG4J_CONFIG, SPARK_SCRIPT, core_zip, log4j_config_path, spark_script_path
+    from airflow_kinesis_spark.hooks.spark_logs import LOG4J_CONFIG, log4j_config_path
+    from airflow_kinesis_spark.hooks.spark_package import SPARK_SCRIPT, core_zip, spark_script_path
 
     os.makedirs(directory, exist_ok=True)
     script = shutil.copy(spark_script_path(), os.path.join(directory, SPARK_SCRIPT))
@@ -561,6 +565,8 @@ def _storage_options(ctx: click.Context, output_path: str, given: dict[str, str]
 
     if urlparse(output_path).scheme not in ("s3", "s3a", "s3n"):
         return given or None
+    from airflow_kinesis_spark.sinks.files import aws_storage_options
+
     opts = ctx.obj
     if opts["aws_conn_id"]:
         from airflow.sdk.log import configure_logging
@@ -569,19 +575,15 @@ def _storage_options(ctx: click.Context, output_path: str, given: dict[str, str]
 
         configure_logging(log_level="INFO" if opts["verbose"] else "WARNING", output=sys.stderr)
         hook = KinesisStreamHook(aws_conn_id=opts["aws_conn_id"], region_name=opts["region"])
-        credentials, region = hook.get_credentials(), opts["region"] or hook.conn_region_name
+        derived = aws_storage_options(hook.get_credentials(), opts["region"] or hook.conn_region_name,
+                                      opts["endpoint_url"] or getattr(hook.conn_config, "endpoint_url", None))  # fmt: skip
     else:
         import boto3
 
         session = boto3.session.Session(profile_name=opts["profile"], region_name=opts["region"])
         found = session.get_credentials()
-        credentials, region = (found.get_frozen_credentials() if found else None), session.region_name
-    derived = {}
-    if credentials is not None:
-        derived = {"AWS_ACCESS_KEY_ID": credentials.access_key, "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
-                   "AWS_SESSION_TOKEN": credentials.token or ""}  # fmt: skip
-    derived["AWS_REGION"] = region or ""
-    return {**{k: v for k, v in derived.items() if v}, **given}
+        derived = aws_storage_options(found.get_frozen_credentials() if found else None, session.region_name, opts["endpoint_url"])
+    return {**derived, **given}
 
 
 def _leftovers_sink(

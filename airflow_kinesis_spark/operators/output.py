@@ -191,17 +191,8 @@ class OutputSettingsMixin:
 
     def _aws_storage_options(self) -> dict[str, str]:
         """Credentials, region and endpoint of ``aws_conn_id`` in delta-rs's key names."""
+        from airflow_kinesis_spark.sinks.files import aws_storage_options
+
         hook: Any = self.kinesis_hook  # type: ignore[attr-defined]
-        creds = hook.get_credentials()
-        opts = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
-        if creds.token:
-            opts["AWS_SESSION_TOKEN"] = creds.token
-        region = self.region_name or hook.conn_region_name
-        if region:
-            opts["AWS_REGION"] = region
-        endpoint = getattr(hook.conn_config, "endpoint_url", None)
-        if endpoint:
-            opts["AWS_ENDPOINT_URL"] = endpoint
-            if endpoint.startswith("http://"):
-                opts["AWS_ALLOW_HTTP"] = "true"
-        return {k: v for k, v in opts.items() if v}
+        return aws_storage_options(hook.get_credentials(), self.region_name or hook.conn_region_name,
+                                   getattr(hook.conn_config, "endpoint_url", None))  # fmt: skip

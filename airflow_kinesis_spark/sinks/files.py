@@ -147,3 +147,21 @@ def pyiceberg_io_properties(storage_options: Mapping[str, str] | None) -> dict[s
     names = {"AWS_ACCESS_KEY_ID": "s3.access-key-id", "AWS_SECRET_ACCESS_KEY": "s3.secret-access-key",
              "AWS_SESSION_TOKEN": "s3.session-token", "AWS_REGION": "s3.region", "AWS_ENDPOINT_URL": "s3.endpoint"}  # fmt: skip
     return {names[k]: v for k, v in (storage_options or {}).items() if k in names and v}
+
+
+def aws_storage_options(credentials: Any, region: str | None, endpoint_url: str | None) -> dict[str, str]:
+    """Storage options (delta-rs's key names, which :func:`filesystem` reads too) of an AWS access:
+    ``credentials`` (botocore's, with ``access_key``, ``secret_key``, ``token``; ``None``: none),
+    the region, and an endpoint (``AWS_ALLOW_HTTP`` for an ``http://`` one, e.g. an emulator).
+    One place for the operators' and the CLI's. Empty values are left out."""
+    opts: dict[str, str] = {}
+    if credentials is not None:
+        opts.update(AWS_ACCESS_KEY_ID=credentials.access_key, AWS_SECRET_ACCESS_KEY=credentials.secret_key,
+                    AWS_SESSION_TOKEN=credentials.token or "")  # fmt: skip
+    opts["AWS_REGION"] = region or ""
+    if endpoint_url:
+        opts["AWS_ENDPOINT_URL"] = endpoint_url
+        if endpoint_url.startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    return {k: v for k, v in opts.items() if v}
+

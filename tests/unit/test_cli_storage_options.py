@@ -1,0 +1,25 @@
+"""The CLI's storage options for an s3:// output root come from one function with the operators'
+(sinks.files.aws_storage_options): --endpoint-url reaches them (it was dropped: the leftovers
+command then listed the real S3 instead of the emulator the other commands used)."""
+
+from __future__ import annotations
+
+import click
+
+from airflow_kinesis_spark.cli import _storage_options
+
+
+def context(**opts: object) -> click.Context:
+    ctx = click.Context(click.Command("kinesis-spark"))
+    ctx.obj = {"endpoint_url": None, "region": "eu-west-1", "profile": None, "aws_conn_id": None, "verbose": False, **opts}
+    return ctx
+
+
+def test_the_endpoint_url_reaches_the_storage_options(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    options = _storage_options(context(endpoint_url="http://127.0.0.1:4566"), "s3://lake/out", {})
+    assert options == {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_REGION": "eu-west-1",
+                       "AWS_ENDPOINT_URL": "http://127.0.0.1:4566", "AWS_ALLOW_HTTP": "true"}  # fmt: skip
+    assert _storage_options(context(), "s3://lake/out", {"AWS_REGION": "us-east-2"})["AWS_REGION"] == "us-east-2"
+    assert _storage_options(context(endpoint_url="http://127.0.0.1:4566"), "/data/out", {}) is None
