@@ -19,8 +19,8 @@ No Airflow import.
 from __future__ import annotations
 
 import logging
+import math
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +37,8 @@ __all__ = ["BACKUPS_RETRY_SECONDS", "ensure_table", "enable_point_in_time_recove
 #: Seconds between ``UpdateContinuousBackups`` attempts on a new table whose continuous backups are
 #: not set up yet (``ContinuousBackupsUnavailableException``, DynamoDB API reference).
 BACKUPS_RETRY_SECONDS = 2.0
+#: Seconds between two ``DescribeTable`` calls of the waiter for a new table to be ``ACTIVE``.
+TABLE_WAIT_DELAY = 0.5
 
 # (endpoint, table) pairs whose protection settings this process has logged (see log_protection).
 _logged_tables: set[tuple[str | None, str]] = set()
@@ -102,11 +104,15 @@ def ensure_table(
         except client.exceptions.ResourceInUseException:
             pass  # created concurrently: its creator configures it
         table = {"TableStatus": "CREATING"}
-    deadline = time.monotonic() + wait_seconds
-    while table["TableStatus"] != "ACTIVE":
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"checkpoint table {table_name} not ACTIVE after {wait_seconds}s")
-        time.sleep(0.5)
+    if table["TableStatus"] != "ACTIVE":  # botocore's waiter: DescribeTable until ACTIVE
+        from botocore.exceptions import WaiterError
+
+        try:
+            client.get_waiter("table_exists").wait(
+                TableName=table_name, WaiterConfig={"Delay": TABLE_WAIT_DELAY, "MaxAttempts": max(1, math.ceil(wait_seconds / TABLE_WAIT_DELAY))},
+            )  # fmt: skip
+        except WaiterError as err:
+            raise TimeoutError(f"checkpoint table {table_name} not ACTIVE after {wait_seconds}s ({err})") from err
         table = client.describe_table(TableName=table_name)["Table"]
     if not created:
         log_protection(client, table_name, table)
@@ -145,23 +151,19 @@ def enable_point_in_time_recovery(
     :param wait_seconds: how long to keep retrying while backups are unavailable.
     :param retry_seconds: seconds between those retries (:data:`BACKUPS_RETRY_SECONDS`).
     """
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        try:
-            client.update_continuous_backups(
-                TableName=table_name,
-                PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True},
-            )
-            log.info("point-in-time recovery enabled on checkpoint table %s", table_name)
-            return
-        except client.exceptions.ContinuousBackupsUnavailableException as err:
-            if time.monotonic() + retry_seconds > deadline:
-                failure: Exception = err
-                break
-            time.sleep(retry_seconds)
-        except (ClientError, BotoCoreError) as err:
-            failure = err
-            break
+    from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(client.exceptions.ContinuousBackupsUnavailableException),
+        wait=wait_fixed(retry_seconds), stop=stop_after_delay(max(0.0, wait_seconds - retry_seconds)), reraise=True,
+    )  # fmt: skip
+    try:
+        retrying(client.update_continuous_backups, TableName=table_name,
+                 PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True})  # fmt: skip
+        log.info("point-in-time recovery enabled on checkpoint table %s", table_name)
+        return
+    except (ClientError, BotoCoreError) as err:  # still unavailable when the time was up, or refused
+        failure: Exception = err
     log.warning(
         "could not enable point-in-time recovery on the new checkpoint table %s (%s): the table works "
         "without it, but cannot be restored to an earlier time. Grant dynamodb:UpdateContinuousBackups on "
