@@ -7,15 +7,14 @@ provider writes (:class:`~airflow_kinesis_spark.exceptions.CheckpointStoreCorrup
 fix ``FIX_RESTORE`` of ``core.corrupt``). Reading it is the store's (``core.store``:
 ``DynamoDBCheckpointStore.head``, ``parse_head``; the async reader in ``core.aio``).
 
-``_now`` and ``_now_ms`` are the times the store writes into items (ISO 8601 UTC; a lease's
-heartbeat in epoch milliseconds); internal to the store's modules, which import them from here.
+``_now`` is the time the store writes into items (ISO 8601 UTC); a lease's heartbeat (epoch
+milliseconds) comes from the store's clock (``DynamoDBCheckpointStore(clock=...)``, ``core.lease``).
 
 No Airflow import.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -91,6 +90,3 @@ class Head:
 def _now() -> str:
     return format_timestamp(datetime.now(timezone.utc))
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

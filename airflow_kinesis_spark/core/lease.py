@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from airflow_kinesis_spark.core.head import Head, _now, _now_ms
+from airflow_kinesis_spark.core.head import Head, _now
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, CheckpointConflictError
 
@@ -90,7 +90,7 @@ class LeaseHolding:
 
     What they take from the store, declared below and defined there: the attributes
     ``stream_name`` and ``consumer_name`` (set by ``DynamoDBCheckpointStore.__init__``, named in
-    errors), and its methods ``head()`` (the head, read strongly consistent) and ``_update_head()``
+    errors), ``clock`` (the heartbeats' time), and its methods ``head()`` (the head, read strongly consistent) and ``_update_head()``
     (one conditional update of the head; a lost condition raises
     :class:`~airflow_kinesis_spark.exceptions.CheckpointConflictError`). Nothing else: this class
     keeps no state of its own. ``hold_lease`` and ``hold_hand_off`` renew through
@@ -101,6 +101,13 @@ class LeaseHolding:
     # Provided by DynamoDBCheckpointStore (core.store): see the class docstring.
     stream_name: str
     consumer_name: str
+    #: Seconds since the epoch, the clock of the heartbeats this store writes and compares
+    #: (``DynamoDBCheckpointStore(clock=...)``; default ``time.time``): tests move it instead of sleeping.
+    clock: Callable[[], float]
+
+    def _now_ms(self) -> int:
+        """The store's clock in epoch milliseconds (what a heartbeat holds)."""
+        return int(self.clock() * 1000)
 
     if TYPE_CHECKING:
 
@@ -177,7 +184,7 @@ class LeaseHolding:
             + ("" if before_report else " OR pending_report_owner = pending_owner")
             + ")))",
             {":n": {"N": str(batch_id)}, ":w": {"S": writer}, ":lo": {"S": lease_owner}, ":lop": {"S": lease_owner + "/"},
-             ":t": {"S": _now()}, ":hb": {"N": str(_now_ms())}, ":stale": {"N": str(_now_ms() - int(lease_seconds * 1000))}},
+             ":t": {"S": _now()}, ":hb": {"N": str(self._now_ms())}, ":stale": {"N": str(self._now_ms() - int(lease_seconds * 1000))}},
             action=f"claim pending batch {batch_id} for {lease_owner}{' before its report is recorded' if before_report else ''}",
             owner=writer,
             applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == writer,
@@ -188,7 +195,7 @@ class LeaseHolding:
     def _raise_if_leased(self, head: Head, batch_id: int, owner: str, lease_seconds: float) -> None:
         """Raise :class:`BatchLeaseHeldError` when another writer's lease on ``batch_id`` is alive."""
         if head.pending_batch_id == batch_id and head.pending_owner != owner and head.pending_heartbeat is not None:
-            now_ms = _now_ms()
+            now_ms = self._now_ms()
             age = (now_ms - head.pending_heartbeat) / 1000
             if age < lease_seconds:
                 raise lease_held_error(
@@ -203,8 +210,8 @@ class LeaseHolding:
             "SET pending_owner = :o, pending_since = :t, pending_heartbeat = :hb",
             "pending_batch_id = :n AND (attribute_not_exists(pending_heartbeat) OR pending_heartbeat < :stale "
             "OR pending_owner = :o)",
-            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()}, ":hb": {"N": str(_now_ms())},
-             ":stale": {"N": str(_now_ms() - int(lease_seconds * 1000))}},
+            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()}, ":hb": {"N": str(self._now_ms())},
+             ":stale": {"N": str(self._now_ms() - int(lease_seconds * 1000))}},
             action=f"take over pending batch {batch_id}",
             owner=owner,
             applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == owner,
@@ -287,7 +294,7 @@ class LeaseHolding:
         self._update_head(
             "SET pending_heartbeat = :hb",
             "pending_batch_id = :n AND pending_owner = :o",
-            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":hb": {"N": str(_now_ms())}},
+            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":hb": {"N": str(self._now_ms())}},
             action=f"renew the lease on batch {batch_id}",
             owner=owner,
         )

@@ -89,7 +89,7 @@ from airflow_kinesis_spark.core.chunks import (
     query_items,
 )
 from airflow_kinesis_spark.core.corrupt import FIX_PENDING, FIX_RESTORE
-from airflow_kinesis_spark.core.head import Head, _now, _now_ms
+from airflow_kinesis_spark.core.head import Head, _now
 from airflow_kinesis_spark.core.lease import LeaseHolding
 from airflow_kinesis_spark.core.mirror import mirror_leases
 from airflow_kinesis_spark.core.names import stream_name_of, validate_table_name
@@ -150,6 +150,9 @@ class DynamoDBCheckpointStore(LeaseHolding):
     :param deletion_protection: create the table with ``DeletionProtectionEnabled``: DynamoDB then
         refuses ``DeleteTable`` until it is turned off (``UpdateTable``). Default ``True``. A table
         that exists is never changed.
+    :param clock: seconds since the epoch (default ``time.time``): the time of the heartbeats
+        this store writes and of the lease it compares them with (``core.lease``); tests move it
+        instead of sleeping.
     :raises ValueError: an invalid table name, or ``keep_batches`` below 1.
     :raises TypeError: ``keep_batches`` is not an ``int``, or ``point_in_time_recovery`` /
         ``deletion_protection`` is not a ``bool``.
@@ -165,6 +168,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
         keep_batches: int = DEFAULT_KEEP_BATCHES,
         point_in_time_recovery: bool = True,
         deletion_protection: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if isinstance(keep_batches, bool) or not isinstance(keep_batches, int):
             raise TypeError(f"keep_batches must be an int (a number of batches); got {keep_batches!r}")
@@ -174,6 +178,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool (True or False); got {value!r}")
         self.client = client
+        self.clock = clock
         self.keep_batches = keep_batches
         self.point_in_time_recovery = point_in_time_recovery
         self.deletion_protection = deletion_protection
@@ -361,7 +366,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
             "pending_heartbeat = :hb REMOVE pending_report_owner",
             "committed_batch_id = :prev AND attribute_not_exists(pending_batch_id)",
             {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
-             ":prev": {"N": str(plan.batch_id - 1)}, ":hb": {"N": str(_now_ms())}},
+             ":prev": {"N": str(plan.batch_id - 1)}, ":hb": {"N": str(self._now_ms())}},
             action=f"begin batch {plan.batch_id}",
             owner=owner,
             applied=lambda h: h.pending_batch_id == plan.batch_id and h.pending_plan_owner == owner,

@@ -566,7 +566,8 @@ def test_the_kcl_style_mirror_of_250_shards_takes_10_calls_and_never_moves_back(
 def test_a_live_lease_blocks_take_over_and_an_expired_one_does_not(dynamodb, unique_name):
     from airflow_kinesis_spark.exceptions import BatchLeaseHeldError
 
-    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
+    now = [time.time()]  # the stores' clock, moved by the test instead of sleeping
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake", clock=lambda: now[0])
     store.ensure_table()
     plan = make_plan(1, open_shards(2))
     store.begin(plan, "run-a")
@@ -575,8 +576,11 @@ def test_a_live_lease_blocks_take_over_and_an_expired_one_does_not(dynamodb, uni
         store.take_over(1, "run-b", lease_seconds=60)
     assert 58 < held.value.seconds_left <= 60  # the error tells when the batch can be taken over
     store.heartbeat(1, "run-a")
-    time.sleep(0.3)
-    store.take_over(1, "run-b", lease_seconds=0.2)  # run-a stopped renewing: its lease expired
+    now[0] += 59.0
+    with pytest.raises(BatchLeaseHeldError):
+        store.take_over(1, "run-b", lease_seconds=60)  # 59 s after the last heartbeat: still alive
+    now[0] += 1.5
+    store.take_over(1, "run-b", lease_seconds=60)  # run-a stopped renewing: its lease expired
     with pytest.raises(CheckpointConflictError, match="renew the lease on batch 1"):
         store.heartbeat(1, "run-a")  # fenced
     store.heartbeat(1, "run-b")
