@@ -18,7 +18,7 @@ PY35 := $(VENV35)/bin/python
 SPARK35_REQUIREMENTS := 'pyspark==3.5.9' 'numpy<2' 'pandas>=2.1,<2.2' 'pyarrow>=15,<16' 'boto3>=1.34' 'aws-kinesis-agg>=1.2' \
   'protobuf>=4.21' 'fastavro>=1.9' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
 
-.PHONY: typecheck bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables demo-typed test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
+.PHONY: typecheck test-durations bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables demo-typed test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -136,6 +136,11 @@ test: venv venv-spark35 kinesalite postgres $(SPARK_CDS)
 	$(MAKE) --no-print-directory typecheck
 	$(TEST_ENV) KILL_POINTS=$${KILL_POINTS:-12} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
 	$(MAKE) --no-print-directory test-spark35
+
+# make test, recording every test's seconds in tests/durations.json (how make test deals the long
+# tests out to its workers: tests/conftest.py); commit the file after a run on a machine like CI's.
+test-durations:
+	RECORD_TEST_DURATIONS=$(abspath tests/durations.json) $(MAKE) --no-print-directory test
 
 # The PySpark job's tests (tests/spark) on Spark 3.5; `make test` runs them on Spark 4 and then here.
 test-spark35: venv-spark35

@@ -179,37 +179,40 @@ def spark_standalone(tmp_path_factory):
 # and long tests handed to one worker run one after the other there. So the long tests are dealt
 # out first: the longest to the worker share with the least estimated time so far (each share
 # starts with its long tests, longest first), then the other tests fill the shares up to the sizes
-# xdist hands out, in collection order. Estimates: seconds per test on 2 cores, from `make test`'s
-# --durations (rounded; first matching prefix of the test id relative to tests/); any other test
-# counts as _SHORT, a test marked skip as 0. The deployment tests share a module-scoped deployment (minutes to set up): they
-# stay in one share.
+# xdist hands out, in collection order. Estimates: each test's seconds as `make test-durations`
+# recorded them in tests/durations.json (setup, call and teardown of its last run on 2 cores); a
+# test not recorded there counts as _SHORT, a test marked skip as 0. The deployment tests share a
+# module-scoped deployment (minutes to set up): they stay in one share.
 _SHORT = 5.0
-_ESTIMATES = (
-    ("reliability/test_random_kills.py", 400.0),
-    ("dags/test_tables_demo.py", 230.0),
-    ("dags/test_backfill_demo.py", 200.0),
-    ("dags/test_split_demo.py", 170.0),
-    ("dags/test_resharding_demo.py", 140.0),
-    ("dags/test_example_dags.py::test_demo_runs", 125.0),
-    ("deployment/", 60.0),
-    ("reliability/test_job_handoff.py", 85.0),
-    ("reliability/test_crash_points.py", 65.0),
-    ("integration/test_operator.py::test_batches_are", 75.0),
-    ("integration/test_operator.py::test_failed_spark_job", 80.0),
-    ("integration/test_assets_lineage.py::test_batches_emit", 70.0),
-    ("integration/test_table_outputs.py::test_batches_commit", 65.0),
-    ("integration/test_standalone_cluster.py::test_batches_run", 60.0),
-    ("dags/test_sensors_dag.py", 55.0),
-    ("reliability/", 40.0),
-)
+#: Where `make test-durations` records every test's seconds (RECORD_TEST_DURATIONS names the file).
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+_DURATIONS: dict[str, float] = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
+_RECORDED: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    """With RECORD_TEST_DURATIONS set: add up each test's setup, call and teardown seconds (the
+    xdist controller receives every worker's reports)."""
+    if os.environ.get("RECORD_TEST_DURATIONS"):
+        _RECORDED[report.nodeid] = round(_RECORDED.get(report.nodeid, 0.0) + report.duration, 1)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """With RECORD_TEST_DURATIONS=FILE: write the recorded seconds there (the tests that ran this
+    time; others keep their earlier value), sorted, on the controller only."""
+    target = os.environ.get("RECORD_TEST_DURATIONS")
+    if target and _RECORDED and not hasattr(session.config, "workerinput"):
+        merged = {**_DURATIONS, **_RECORDED}
+        Path(target).write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
+
+
 _ONE_SHARE = ("deployment/",)
 
 
 def _estimate(item) -> float:
     if item.get_closest_marker("skip") is not None:  # e.g. the EFO crash points `make test` leaves out
         return 0.0
-    path = item.nodeid.removeprefix("tests/")
-    return next((seconds for prefix, seconds in _ESTIMATES if path.startswith(prefix)), _SHORT)
+    return _DURATIONS.get(item.nodeid, _SHORT)
 
 
 def pytest_collection_modifyitems(config, items):
