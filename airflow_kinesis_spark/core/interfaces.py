@@ -3,8 +3,8 @@
 * a **job** runs a planned batch (reads its ranges, writes its output): a :class:`BatchJob`
   returns its reports to the calling process, a :class:`HandedBatchJob` takes the batch from the
   checkpoint store and records its report there (:func:`hands_off` tells them apart).
-  spark-submit and Spark Connect are two implementations (``airflow_kinesis_spark.hooks.spark``);
-  tests use fake ones;
+  spark-submit and Spark Connect are two implementations (``airflow_kinesis_spark.hooks.spark``,
+  ``airflow_kinesis_spark.hooks.spark_connect``); tests use fake ones;
 * a **sink** makes a batch's rows visible: Parquet folders, Iceberg, Delta. It is defined once,
   as :class:`airflow_kinesis_spark.sinks.Sink`, whose subclasses the protocol receives; core
   imports it for type checking only (core never imports ``sinks`` at run time).

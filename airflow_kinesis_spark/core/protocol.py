@@ -8,7 +8,8 @@ This module is the protocol's policy and nothing else. It drives
 * a **job** (:class:`BatchJob`): anything that runs a planned batch — reads its ranges, writes
   its output — and returns one :class:`~airflow_kinesis_spark.core.ranges.ShardReport` per
   planned range. spark-submit and Spark Connect are two implementations
-  (``airflow_kinesis_spark.hooks.spark``); tests use a fake one. Adding another touches nothing here.
+  (``airflow_kinesis_spark.hooks.spark``, ``airflow_kinesis_spark.hooks.spark_connect``); tests use
+  a fake one. Adding another touches nothing here.
 
 Operators validate their arguments, build the client, store and job, call :func:`run_incremental`
 or :func:`run_window`, and publish the returned summary. Where each rule lives: stop rules in

@@ -9,8 +9,9 @@ never see any of it.
 * :class:`SparkSubmitJob` — ``spark-submit`` through the apache-spark provider's hook
   (:class:`~airflow_kinesis_spark.hooks.spark_submit.BatchSparkSubmitHook`, connection type
   ``spark``; ``local[*]`` when the connection does not exist).
-* :class:`SparkConnectJob` — the job in this process against a running Spark Connect server
-  (connection type ``spark_connect``): no JVM start per batch.
+* :class:`~airflow_kinesis_spark.hooks.spark_connect.SparkConnectJob` — the job in this process
+  against a running Spark Connect server (connection type ``spark_connect``): no JVM start per
+  batch.
 
 :func:`spark_job_for` picks one from the connection's type; :class:`SparkJob` does so on first use. A third runner only has to implement
 ``run(plan, records_expected=...)`` and ``kill()``.
@@ -33,80 +34,18 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile  # noqa: F401 - kept: tests patch hooks.spark.tempfile.tempdir
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.ranges import ShardReport
-from airflow_kinesis_spark.hooks import spark_connect, spark_logs, spark_package, spark_settings, spark_temp
-
-# Moved out of this module (issue 30): settings and messages to ``hooks.spark_settings``, the
-# script and the code zip to ``hooks.spark_package``, the log configuration to
-# ``hooks.spark_logs``, the temporary directories and their sweep to ``hooks.spark_temp``, the
-# Spark Connect runner, its server checks and sessions to ``hooks.spark_connect``. The
-# spark-submit runner uses them from here, and every name is kept importable from
-# ``hooks.spark`` until its importers move (a name set here is also set where the moved code
-# looks it up: see the end of this module).
-from airflow_kinesis_spark.hooks.spark_connect import (  # noqa: F401 - re-exported
-    ALLOW_INSECURE_EXTRA,
-    CONNECT_ENV_VARS,
-    CONNECT_READY_TIMEOUT,
-    DEFAULT_UNRESPONSIVE_TIMEOUT,
-    SERVER_CHECK_INTERVAL,
-    SESSION_SECRET_EXTRA,
-    UNRESPONSIVE_TIMEOUT_EXTRA,
-    SparkConnectJob,
-    _channel_builder,
-    _is_loopback,
-    _load_job_module,
-    _ServerUnresponsive,
-    _while_server_answers,
-    artifacts_digest,
-    check_connect_transport,
-    check_spark_connect,
-    connect_session_id,
-    server_answers,
-    session_secret,
-    unresponsive_timeout,
-    with_session_id,
-    worker_secret_path,
-)
-from airflow_kinesis_spark.hooks.spark_logs import (  # noqa: F401 - re-exported
-    LOG4J_CONFIG,
-    LOG4J_DEFAULT_LEVEL_PROPERTY,
-    LOG_LEVEL_CONF,
-    LOG_LEVEL_PROPERTY,
-    LOG_LEVELS,
-    _java_option,
-    log4j_config_path,
-    with_log_config,
-)
-from airflow_kinesis_spark.hooks.spark_package import (  # noqa: F401 - re-exported
-    SPARK_SCRIPT,
-    _shipped_file,
-    core_zip,
-    spark_script_path,
-)
-from airflow_kinesis_spark.hooks.spark_settings import (  # noqa: F401 - re-exported
-    JOB_CREDENTIALS,
-    SparkJobSettings,
-    _log_result,
-    after_failure,
-    describe,
-    validate_job_credentials,
-)
-from airflow_kinesis_spark.hooks.spark_temp import (  # noqa: F401 - re-exported
-    TEMP_DIR_MAX_AGE,
-    TEMP_DIR_OWNER_FILE,
-    TEMP_DIR_PREFIX,
-    _committed_past,
-    _newest_mtime,
-    _owner_alive,
-    _process_start,
+from airflow_kinesis_spark.hooks.spark_connect import SparkConnectJob
+from airflow_kinesis_spark.hooks.spark_logs import with_log_config
+from airflow_kinesis_spark.hooks.spark_package import core_zip, spark_script_path
+from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, _log_result, after_failure, describe
+from airflow_kinesis_spark.hooks.spark_temp import (
     _write_owner,
     batch_temp_dir,
     consumer_key,
@@ -116,26 +55,7 @@ from airflow_kinesis_spark.hooks.spark_temp import (  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "SparkJobSettings",
-    "SparkSubmitJob",
-    "SparkConnectJob",
-    "spark_job_for",
-    "SparkJob",
-    "validate_job_credentials",
-    "spark_script_path",
-    "log4j_config_path",
-    "with_log_config",
-    "batch_temp_dir",
-    "make_batch_temp_dir",
-    "sweep_leftover_temp_dirs",
-    "CONNECT_ENV_VARS",
-    "CONNECT_READY_TIMEOUT",
-    "UNRESPONSIVE_TIMEOUT_EXTRA",
-    "DEFAULT_UNRESPONSIVE_TIMEOUT",
-    "server_answers",
-    "unresponsive_timeout",
-]
+__all__ = ["SparkSubmitJob", "SparkJob", "spark_job_for", "LOCAL_UI_CONF"]
 
 #: Spark conf defaults of a local master: no UI (it would listen on every interface, with links
 #: that kill jobs); with ``spark.ui.enabled`` set back on, it serves the driver's host only.
@@ -162,10 +82,12 @@ class SparkSubmitJob:
     stops it through the hook's ``on_kill``. On a local master the Spark UI is off and its kill
     links disabled (set ``spark.ui.enabled`` in ``spark_conf`` to turn it back on; it then binds to
     the driver's host). Spark logs warnings and errors only: the job's log4j 2 configuration
-    (:data:`LOG4J_CONFIG`, :func:`with_log_config`) goes with it; ``spark.log.level`` in
-    ``spark_conf`` (e.g. ``INFO``) sets its level. The job's files are in a private temporary
-    directory, removed when the run ends, and by the next run if this one was killed
-    (:func:`batch_temp_dir`, :class:`SparkJob`); on a local master Spark's own scratch space is there too.
+    (:data:`~airflow_kinesis_spark.hooks.spark_logs.LOG4J_CONFIG`,
+    :func:`~airflow_kinesis_spark.hooks.spark_logs.with_log_config`) goes with it;
+    ``spark.log.level`` in ``spark_conf`` (e.g. ``INFO``) sets its level. The job's files are in a
+    private temporary directory, removed when the run ends, and by the next run if this one was
+    killed (:func:`~airflow_kinesis_spark.hooks.spark_temp.batch_temp_dir`, :class:`SparkJob`); on a
+    local master Spark's own scratch space is there too.
     """
 
     takes_batch_from_store = True
@@ -358,8 +280,9 @@ class SparkJob:
     records) never looks the Spark connection up.
 
     Made once per run (the operators' ``spark_job``), it first removes the temporary directories
-    that killed runs left behind (:func:`sweep_leftover_temp_dirs`): every run, also one that
-    finds no new records and starts no job."""
+    that killed runs left behind
+    (:func:`~airflow_kinesis_spark.hooks.spark_temp.sweep_leftover_temp_dirs`): every run, also one
+    that finds no new records and starts no job."""
 
     def __init__(self, settings: SparkJobSettings, session_scope: str = "KinesisToSparkOperator") -> None:
         self.settings = settings
@@ -409,9 +332,10 @@ class SparkJob:
 
 
 def spark_job_for(settings: SparkJobSettings, session_scope: str = "KinesisToSparkOperator") -> SparkSubmitJob | SparkConnectJob:
-    """The runner for the ``spark_conn_id`` connection: :class:`SparkConnectJob` for a connection
-    of type ``spark_connect``, else :class:`SparkSubmitJob` (also when the connection does not
-    exist: ``local[*]``)."""
+    """The runner for the ``spark_conn_id`` connection:
+    :class:`~airflow_kinesis_spark.hooks.spark_connect.SparkConnectJob` for a connection of type
+    ``spark_connect``, else :class:`SparkSubmitJob` (also when the connection does not exist:
+    ``local[*]``)."""
     from airflow.sdk import BaseHook
 
     try:
@@ -422,35 +346,3 @@ def spark_job_for(settings: SparkJobSettings, session_scope: str = "KinesisToSpa
         return SparkConnectJob(settings, session_scope)
     return SparkSubmitJob(settings)
 
-
-# -- names set here, where tests patch them ----------------------------------------------------
-# The code that moved out of this module looks its names up in its own module, not here. Tests
-# (and any code written when this module held everything) set them here:
-# ``monkeypatch.setattr(hooks.spark, "core_zip", ...)``, ``"_load_job_module"``,
-# ``"check_spark_connect"``, ``"CONNECT_READY_TIMEOUT"``. So, as when there was one namespace,
-# setting or deleting a name here does the same in each moved-to module that holds the same object
-# under that name. Only ``setattr``/``delattr`` on this module are affected; lookups are not.
-_MOVED_TO: tuple[ModuleType, ...] = (spark_connect, spark_logs, spark_package, spark_settings, spark_temp)
-_ABSENT = object()
-
-
-class _SharedNamesModule(ModuleType):
-    def _holders(self, name: str) -> list[ModuleType]:
-        """The moved-to modules whose ``name`` is the object this module has under it."""
-        mine = self.__dict__.get(name, _ABSENT)
-        if mine is _ABSENT or name.startswith("__"):
-            return []
-        return [module for module in _MOVED_TO if vars(module).get(name, _ABSENT) is mine]
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        for module in self._holders(name):
-            setattr(module, name, value)
-        super().__setattr__(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        for module in self._holders(name):
-            delattr(module, name)
-        super().__delattr__(name)
-
-
-sys.modules[__name__].__class__ = _SharedNamesModule

@@ -10,7 +10,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_kinesis_spark.failures import raise_event_error, task_errors
 from airflow_kinesis_spark.core.job import handed_batch_state
 from airflow_kinesis_spark.core.protocol import commit_handed
-from airflow_kinesis_spark.hooks.spark import consumer_key, sweep_leftover_temp_dirs
+from airflow_kinesis_spark.hooks.spark_temp import consumer_key, sweep_leftover_temp_dirs
 from airflow_kinesis_spark.exceptions import ReportNotRecordedError
 
 __all__ = ["commit_event", "commit_or_raise", "handed_event"]

@@ -31,7 +31,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_kinesis_spark.core.job import JobArguments, run_handed_batch
 from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from airflow_kinesis_spark.hooks.spark import spark_script_path
+from airflow_kinesis_spark.hooks.spark_package import spark_script_path
 from airflow_kinesis_spark.operators.split import JOB_ARGUMENTS_KEY, KinesisCommitBatchOperator, KinesisPlanBatchOperator
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 from demo.producer import put_aggregated, put_plain

@@ -186,7 +186,7 @@ class OtherClient:
 @pytest.fixture
 def job_credentials_seen(monkeypatch):
     """The AWS environment each batch's job got, in order (from the runner's call of the job)."""
-    from airflow_kinesis_spark.hooks import spark as runners
+    from airflow_kinesis_spark.hooks import spark_connect as runners
 
     seen: list[dict[str, str]] = []
     hooks: list[Any] = []

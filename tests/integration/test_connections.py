@@ -24,7 +24,7 @@ from airflow_kinesis_spark.exceptions import EndpointUnreachableError, StreamNot
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
-from airflow_kinesis_spark.hooks import spark as spark_runners
+from airflow_kinesis_spark.hooks import spark_connect
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from demo.producer import put_plain
 from demo.stack import free_port
@@ -279,7 +279,7 @@ def test_a_spark_connect_connection_pointing_nowhere_fails_fast_naming_it(
     port = free_port()
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_NOWHERE", json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port,
                                                                  "password": "connect-token-not-logged"}))  # fmt: skip
-    monkeypatch.setattr(spark_runners, "CONNECT_READY_TIMEOUT", 2.0)
+    monkeypatch.setattr(spark_connect, "CONNECT_READY_TIMEOUT", 2.0)
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"x")])
     op = KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",

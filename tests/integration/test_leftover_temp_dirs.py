@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_kinesis_spark.hooks import spark as spark_runners
-from airflow_kinesis_spark.hooks.spark import TEMP_DIR_OWNER_FILE
+from airflow_kinesis_spark.hooks import spark_temp
+from airflow_kinesis_spark.hooks.spark_temp import TEMP_DIR_OWNER_FILE
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from tests.conftest import create_stream
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 def test_a_run_without_new_records_removes_a_killed_runs_directory(monkeypatch, aws_conn, kinesis, unique_name, tmp_path):
     temp_root = tmp_path / "tmp"
     temp_root.mkdir()
-    monkeypatch.setattr(spark_runners.tempfile, "tempdir", str(temp_root))
+    monkeypatch.setattr(spark_temp.tempfile, "tempdir", str(temp_root))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     leftover = temp_root / "kinesis-batch-4-killed"  # a run killed with SIGKILL while its job ran

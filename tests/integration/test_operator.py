@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import StreamNotFoundError
-from airflow_kinesis_spark.hooks.spark import log4j_config_path
+from airflow_kinesis_spark.hooks.spark_logs import log4j_config_path
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from demo.producer import committed_rows, put_aggregated, put_plain, put_raw, verify

@@ -32,7 +32,8 @@ def connections(monkeypatch, moto_endpoint, spark_connect_endpoint):
 def consumer_session_id(stream: str, consumer: str) -> str:
     """The reusable server session id the operator derives for (stream, consumer) with this
     checkout's package zip (no py_files)."""
-    from airflow_kinesis_spark.hooks.spark import artifacts_digest, connect_session_id, core_zip, session_secret
+    from airflow_kinesis_spark.hooks.spark_connect import artifacts_digest, connect_session_id, session_secret
+    from airflow_kinesis_spark.hooks.spark_package import core_zip
 
     with tempfile.TemporaryDirectory() as tmp:
         digest = artifacts_digest([core_zip(tmp)])
@@ -42,7 +43,7 @@ def consumer_session_id(stream: str, consumer: str) -> str:
 def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name, tmp_path, capfd, monkeypatch):
     from pyspark import cloudpickle
 
-    from airflow_kinesis_spark.hooks import spark as runners
+    from airflow_kinesis_spark.hooks import spark_connect as runners
 
     shipped: list[bytes] = []
     load = runners._load_job_module
@@ -101,7 +102,7 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
 
     from pyspark.sql import SparkSession
 
-    from airflow_kinesis_spark.hooks.spark import with_session_id
+    from airflow_kinesis_spark.hooks.spark_connect import with_session_id
 
     caplog.set_level(logging.INFO)
     create_stream(kinesis, unique_name, 1)
@@ -150,7 +151,7 @@ def test_a_new_package_version_gets_its_own_reusable_session(connections, kinesi
     import logging
     import zipfile
 
-    from airflow_kinesis_spark.hooks import spark as spark_hooks
+    from airflow_kinesis_spark.hooks import spark_connect
 
     caplog.set_level(logging.INFO)
     create_stream(kinesis, unique_name, 1)
@@ -164,7 +165,7 @@ def test_a_new_package_version_gets_its_own_reusable_session(connections, kinesi
 
     put_plain(kinesis, unique_name, [("k", b"one")])
     assert run()["records"] == 1
-    original = spark_hooks.core_zip
+    original = spark_connect.core_zip
 
     def upgraded_zip(directory: str) -> str:  # the same name, other contents
         path = original(directory)
@@ -172,7 +173,7 @@ def test_a_new_package_version_gets_its_own_reusable_session(connections, kinesi
             zf.writestr("airflow_kinesis_spark/_upgraded.py", "VERSION = 2\n")
         return path
 
-    monkeypatch.setattr(spark_hooks, "core_zip", upgraded_zip)
+    monkeypatch.setattr(spark_connect, "core_zip", upgraded_zip)  # where the Connect runner looks it up
     caplog.clear()
     capfd.readouterr()
     for data in (b"two", b"three"):
@@ -205,7 +206,7 @@ def test_a_client_that_precreates_the_consumers_session_gets_no_credential(conne
 
     from pyspark.sql import SparkSession
 
-    from airflow_kinesis_spark.hooks.spark import with_session_id
+    from airflow_kinesis_spark.hooks.spark_connect import with_session_id
 
     capture = tmp_path / "stolen.jsonl"
     planted = tmp_path / "attacker" / "boto3.py"
@@ -234,7 +235,7 @@ def test_a_client_that_precreates_the_consumers_session_gets_no_credential(conne
 def test_credentials_are_not_sent_to_a_plaintext_remote_connect_server(monkeypatch, aws_conn, kinesis, unique_name, tmp_path):
     """A non-loopback server without TLS is refused before any connection is made (``.invalid``
     never resolves, so even a regression would send nothing anywhere)."""
-    from airflow_kinesis_spark.hooks import spark as runners
+    from airflow_kinesis_spark.hooks import spark_connect as runners
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_REMOTE", json.dumps({"conn_type": "spark_connect", "host": "spark-connect.invalid", "port": 15002}))
     monkeypatch.setattr(runners, "check_spark_connect", lambda *a: pytest.fail("no connection may be attempted"))
@@ -276,7 +277,7 @@ def test_a_connect_server_that_stops_answering_mid_job_fails_the_task_within_its
 
     import psutil
 
-    from airflow_kinesis_spark.hooks import spark as runners
+    from airflow_kinesis_spark.hooks import spark_connect as runners
     from demo.stack import spark_connect_server
     from tests.reliability.fault_proxy import FaultProxy
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from airflow_kinesis_spark.cli import main as cli
-from airflow_kinesis_spark.hooks.spark import log4j_config_path, spark_script_path
+from airflow_kinesis_spark.hooks.spark_logs import log4j_config_path
+from airflow_kinesis_spark.hooks.spark_package import spark_script_path
 
 
 def test_package_writes_the_job_its_code_and_its_log4j_configuration(tmp_path):

@@ -9,17 +9,17 @@ import uuid
 import pytest
 
 from airflow_kinesis_spark.hooks.kinesis import job_session_policy
-from airflow_kinesis_spark.hooks.spark import (
+from airflow_kinesis_spark.hooks.spark import SparkSubmitJob
+from airflow_kinesis_spark.hooks.spark_connect import (
     DEFAULT_UNRESPONSIVE_TIMEOUT,
     SparkConnectJob,
-    SparkJobSettings,
-    SparkSubmitJob,
     check_connect_transport,
     connect_session_id,
     session_secret,
     unresponsive_timeout,
     worker_secret_path,
 )
+from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings
 
 
 def test_a_session_id_cannot_be_derived_without_the_secret():

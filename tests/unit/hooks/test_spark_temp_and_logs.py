@@ -15,18 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from airflow_kinesis_spark.hooks import spark as spark_module
-from airflow_kinesis_spark.hooks.spark import (
-    LOG4J_CONFIG,
-    SparkJob,
-    SparkJobSettings,
+from airflow_kinesis_spark.hooks import spark_temp
+from airflow_kinesis_spark.hooks.spark import SparkJob
+from airflow_kinesis_spark.hooks.spark_logs import LOG4J_CONFIG, log4j_config_path, with_log_config
+from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings
+from airflow_kinesis_spark.hooks.spark_temp import (
     TEMP_DIR_MAX_AGE,
     TEMP_DIR_OWNER_FILE,
     batch_temp_dir,
-    log4j_config_path,
     make_batch_temp_dir,
     sweep_leftover_temp_dirs,
-    with_log_config,
 )
 
 DRIVER, EXECUTOR = "spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"
@@ -84,7 +82,7 @@ def temp_root(tmp_path, monkeypatch):
     """A temporary directory of its own for the runners (tempfile.gettempdir())."""
     root = tmp_path / "tmp"
     root.mkdir()
-    monkeypatch.setattr(spark_module.tempfile, "tempdir", str(root))
+    monkeypatch.setattr(spark_temp.tempfile, "tempdir", str(root))
     return root
 
 
@@ -113,7 +111,7 @@ def test_a_run_removes_its_directory_after_success_and_failure(temp_root):
 
 def test_a_killed_runs_directory_is_removed_by_the_next_run_and_a_live_one_is_not(temp_root):
     # A run killed with SIGKILL (a real process, killed while it holds its directory).
-    code = ("import sys, time; from airflow_kinesis_spark.hooks.spark import batch_temp_dir\n"
+    code = ("import sys, time; from airflow_kinesis_spark.hooks.spark_temp import batch_temp_dir\n"
             "with batch_temp_dir(7) as d:\n    print(d, flush=True); time.sleep(600)")  # fmt: skip
     env = {**os.environ, "TMPDIR": str(temp_root)}
     victim = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
@@ -176,7 +174,7 @@ def test_a_detached_jobs_directory_names_the_detached_process(temp_root):
     try:
         assert json.loads((tmp / TEMP_DIR_OWNER_FILE).read_text())["pid"] == os.getpid()
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        spark_module._write_owner(str(tmp), child.pid)  # as submit_detached does once the job started
+        spark_temp._write_owner(str(tmp), child.pid)  # as submit_detached does once the job started
         try:
             assert sweep_leftover_temp_dirs() == [] and tmp.is_dir()
         finally:
@@ -194,10 +192,10 @@ def test_a_failed_detached_jobs_directory_goes_once_a_later_commit_of_its_consum
     """A failed detached job keeps its directory (and spark-submit.log) for a day, to be read;
     once its consumer committed that batch or a later one, nothing can still use it."""
     tmp = Path(make_batch_temp_dir(4, consumer="orders/lake"))
-    spark_module._write_owner(str(tmp), dead_pid())  # the detached job, which has failed
+    spark_temp._write_owner(str(tmp), dead_pid())  # the detached job, which has failed
     (tmp / "spark-submit.log").write_text("the failed job's output")
     other = Path(make_batch_temp_dir(4, consumer="orders/other"))
-    spark_module._write_owner(str(other), dead_pid())
+    spark_temp._write_owner(str(other), dead_pid())
     (other / "spark-submit.log").write_text("another consumer's failed job")
 
     assert sweep_leftover_temp_dirs() == [] and tmp.is_dir()  # kept for its log
