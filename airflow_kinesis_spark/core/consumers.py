@@ -63,14 +63,7 @@ def ensure_stream_consumer(
     except ClientError as err:
         if _code(err) != "ResourceNotFoundException":
             raise
-        try:
-            description = client.register_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["Consumer"]
-            log.info("Registered stream consumer %s of stream %s for enhanced fan-out (billed per shard-hour while "
-                     "registered; deregister with kinesis-spark deregister-consumer)", consumer_name, stream_name_of(stream))  # fmt: skip
-        except ClientError as again:
-            if _code(again) != "ResourceInUseException":  # registered meanwhile by a concurrent run
-                raise
-            description = client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["ConsumerDescription"]
+        description = _register(client, stream, stream_arn, consumer_name, wait_seconds, poll_seconds, sleep)
     arn = description["ConsumerARN"]
     deadline = time.monotonic() + wait_seconds
     while description.get("ConsumerStatus") != "ACTIVE":
@@ -83,6 +76,64 @@ def ensure_stream_consumer(
         sleep(poll_seconds)
         description = client.describe_stream_consumer(ConsumerARN=arn)["ConsumerDescription"]
     return arn
+
+
+#: Longest wait between two ``RegisterStreamConsumer`` calls refused with ``LimitExceededException``.
+REGISTER_BACKOFF_MAX_S = 10.0
+
+
+def _register(
+    client: Any, stream: str, stream_arn: str, consumer_name: str, wait_seconds: float, poll_seconds: float,
+    sleep: Callable[[float], None],
+) -> dict[str, Any]:  # fmt: skip
+    """``RegisterStreamConsumer``, retried while the service refuses it with ``LimitExceededException``
+    for a reason that passes: at most 5 consumers of a stream may be ``CREATING`` at once, and the
+    call is limited to 5 per second per stream (Kinesis API reference, RegisterStreamConsumer).
+    Backoff doubles from ``poll_seconds`` up to :data:`REGISTER_BACKOFF_MAX_S`. When no consumer of
+    the stream is ``CREATING`` (``ListStreamConsumers``), a refusal that repeats is the stream's
+    limit of registered consumers (20; 50 with On-Demand Advantage): failed at once, naming it.
+
+    :raises RuntimeError: the limit of registered consumers, or still refused after ``wait_seconds``.
+    """
+    deadline = time.monotonic() + wait_seconds
+    attempt = 0
+    while True:
+        try:
+            description: dict[str, Any] = client.register_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["Consumer"]
+            log.info("Registered stream consumer %s of stream %s for enhanced fan-out (billed per shard-hour while "
+                     "registered; deregister with kinesis-spark deregister-consumer)", consumer_name, stream_name_of(stream))  # fmt: skip
+            return description
+        except ClientError as err:
+            if _code(err) == "ResourceInUseException":  # registered meanwhile by a concurrent run
+                return dict(client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["ConsumerDescription"])
+            if _code(err) != "LimitExceededException":
+                raise
+            creating = _creating_consumers(client, stream_arn)
+            if not creating and attempt >= 2:
+                raise RuntimeError(
+                    f"cannot register stream consumer {consumer_name} of stream {stream_name_of(stream)}: the service refuses "
+                    f"it (LimitExceededException) and no consumer of the stream is being created, so the stream has its "
+                    "limit of registered consumers (20; 50 with On-Demand Advantage). Deregister one (kinesis-spark "
+                    "deregister-consumer), or read this consumer by polling (consumer_type='polling')"
+                ) from err  # fmt: skip
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)}: RegisterStreamConsumer "
+                                   f"still refused after {wait_seconds:g} s ({len(creating)} consumers CREATING): {err}") from err  # fmt: skip
+            delay = min(poll_seconds * 2**attempt, REGISTER_BACKOFF_MAX_S)
+            log.info("RegisterStreamConsumer of %s refused (LimitExceededException; %d consumers of the stream CREATING): "
+                     "retrying in %.1f s", consumer_name, len(creating), delay)  # fmt: skip
+            sleep(delay)
+            attempt += 1
+
+
+def _creating_consumers(client: Any, stream_arn: str) -> list[str]:
+    """Names of the stream's consumers in ``CREATING`` (``ListStreamConsumers``, paginated); ``[]``
+    when the call is refused (the limit's cause then stays unknown)."""
+    try:
+        pages = client.get_paginator("list_stream_consumers").paginate(StreamARN=stream_arn)
+        return [c["ConsumerName"] for page in pages for c in page.get("Consumers", []) if c.get("ConsumerStatus") == "CREATING"]
+    except ClientError:
+        return []
 
 
 def stream_consumer_arn(client: Any, stream: str, consumer_name: str) -> str | None:

@@ -1,0 +1,63 @@
+"""Registering a stream consumer under the service's limits (core.consumers): refusals that pass
+(5 consumers CREATING at once, 5 calls per second) are retried with backoff; the limit of
+registered consumers fails at once, naming it. A fake Kinesis client (one module's unit test; moto
+enforces none of these limits) answers as the service documents."""
+
+from __future__ import annotations
+
+import pytest
+from botocore.exceptions import ClientError
+
+from airflow_kinesis_spark.core.consumers import ensure_stream_consumer
+
+ARN = "arn:aws:kinesis:eu-west-1:123456789012:stream/clicks"
+
+
+def refused(code: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": code}}, "RegisterStreamConsumer")
+
+
+class FakeKinesis:
+    """RegisterStreamConsumer refused ``refusals`` times; ``creating`` consumers listed as CREATING meanwhile."""
+
+    def __init__(self, refusals: int, creating: int) -> None:
+        self.refusals, self.creating, self.calls = refusals, creating, []
+
+    def describe_stream_consumer(self, **kwargs):
+        self.calls.append("DescribeStreamConsumer")
+        if "ConsumerARN" in kwargs:
+            return {"ConsumerDescription": {"ConsumerARN": kwargs["ConsumerARN"], "ConsumerStatus": "ACTIVE"}}
+        raise refused("ResourceNotFoundException")
+
+    def register_stream_consumer(self, **kwargs):
+        self.calls.append("RegisterStreamConsumer")
+        if self.refusals:
+            self.refusals -= 1
+            self.creating = max(0, self.creating - 1)
+            raise refused("LimitExceededException")
+        return {"Consumer": {"ConsumerARN": f"{ARN}/consumer/{kwargs['ConsumerName']}:1", "ConsumerStatus": "CREATING"}}
+
+    def get_paginator(self, name):
+        assert name == "list_stream_consumers"
+        consumers = [{"ConsumerName": f"other{i}", "ConsumerStatus": "CREATING"} for i in range(self.creating)]
+        return type("P", (), {"paginate": lambda _self, **kw: [{"Consumers": consumers}]})()
+
+
+def test_a_refusal_while_consumers_are_creating_is_waited_out_with_backoff():
+    kinesis, slept = FakeKinesis(refusals=4, creating=5), []
+    arn = ensure_stream_consumer(kinesis, ARN, "lake", poll_seconds=0.5, sleep=slept.append)
+    assert arn.endswith("/consumer/lake:1") and kinesis.calls.count("RegisterStreamConsumer") == 5
+    assert slept[:4] == [0.5, 1.0, 2.0, 4.0]
+
+
+def test_the_limit_of_registered_consumers_fails_at_once_naming_it():
+    kinesis = FakeKinesis(refusals=100, creating=0)
+    with pytest.raises(RuntimeError, match=r"limit of registered consumers \(20; 50 with On-Demand Advantage\)"):
+        ensure_stream_consumer(kinesis, ARN, "lake", sleep=lambda s: None)
+    assert kinesis.calls.count("RegisterStreamConsumer") == 3  # two retries: a rate refusal passes by then
+
+
+def test_still_refused_at_the_deadline_says_so():
+    kinesis = FakeKinesis(refusals=100, creating=100)
+    with pytest.raises(RuntimeError, match=r"still refused after 0 s \(\d+ consumers CREATING\)"):
+        ensure_stream_consumer(kinesis, ARN, "lake", wait_seconds=0, sleep=lambda s: None)
