@@ -1,7 +1,8 @@
 """``make bench``: our operator against the Kinesis read limits and a naive consumer.
 
     python -m benchmarks.run [--only SECTION[,SECTION...]] [--shards 4] [--throttled-mib 160]
-                             [--unthrottled-mib 160] [--memory-mib 32] [--output docs/benchmarks.md]
+                             [--unthrottled-mib 160] [--memory-mib 32] [--typed-mib 160]
+                             [--output docs/benchmarks.md]
 
 Everything runs on 127.0.0.1: moto in server mode holds the stream and the checkpoint table;
 Kinesis traffic goes through :class:`benchmarks.kinesis_limits.ThrottlingProxy`, in a process of
@@ -33,6 +34,9 @@ subset, and then writes the report only when ``--output`` is given):
    (``max_bytes_per_shard``): each batch reads at most the cap per shard, a larger backlog takes
    more batches, not more memory. Each backlog is ingested ``--memory-repeat`` times; the
    figures are the maxima.
+8. **typed** (``benchmarks/typed.py``): JSON and Avro orders decoded by inline schemas in the
+   Spark job: each backlog read behind the limits (as **throttled** reads raw records), and
+   end to end warm against a raw consumer of the same backlog (as **unthrottled** runs ours).
 
 The last line printed is one JSON object with the headline figures.
 """
@@ -61,13 +65,15 @@ import boto3
 import psutil
 
 from benchmarks.kinesis_limits import MIB, KinesisLimits, LimitsProxyProcess
+from benchmarks.typed import FORMATS as TYPED_FORMATS
+from benchmarks.typed import Orders, decode_cost, record_sizes, record_settings, typed_headline
 from benchmarks.workload import access_log_lines, load_backlog, naive_consume
 from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, moto_server, spark_connect_server
 
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "1g"}
 
 #: Sections in the order they run (``--only`` picks some).
-SECTIONS = ("throttled", "unthrottled", "fixed_cost", "scale", "shared", "freshness", "memory")
+SECTIONS = ("throttled", "unthrottled", "fixed_cost", "scale", "shared", "freshness", "memory", "typed")
 
 
 def fixed_heap_conf(heap: str, gc_log: Path | None = None) -> dict[str, str]:
@@ -675,6 +681,78 @@ def section_memory(b: Bench) -> dict[str, Any]:
     return {"heap": args.memory_heap, "spark_conf": fixed_heap_conf(args.memory_heap), "repeat": args.memory_repeat, "capped": rows, "uncapped": uncapped}
 
 
+def _check_typed(summary: dict[str, Any], loaded: dict[str, int], what: str) -> None:
+    """:func:`check`, and no record a dead letter (every order decodes by its schema)."""
+    check(summary, loaded, what)
+    if summary.get("dead_letters"):
+        raise SystemExit(f"{what}: {summary['dead_letters']} of {loaded['user_records']} records did not decode (dead letters)")
+
+
+def section_typed(b: Bench) -> dict[str, Any]:
+    """8. Typed records (``benchmarks/typed.py``): JSON and Avro orders decoded by inline schemas.
+
+    Throttled: each format's backlog behind the limits proxy, read as :func:`section_throttled`
+    reads raw records (spark-submit, paced). Unthrottled: per repeat a fresh stream of that
+    format with a raw and a typed consumer (own checkpoints), each warm over Spark Connect (its
+    previous small batch not measured), both on the same backlog, end to end as
+    :func:`section_unthrottled` runs ours; which runs first alternates.
+    """
+    args, kinesis, throttled, open_proxy = b.args, b.kinesis, b.throttled, b.open_proxy
+    result: dict[str, Any] = {"record_bytes": record_sizes(), "throttled": {}, "unthrottled": {}}
+    use_connections(b.moto, throttled.endpoint, b.connect)
+    limit = args.shards * 2 * MIB
+    for fmt in TYPED_FORMATS:
+        stream = f"bench-typed-throttled-{fmt}"
+        new_stream(kinesis, stream, args.shards)
+        loaded = load_backlog(kinesis, stream, args.typed_mib, b.lines, payload=Orders(fmt))
+        b.log(f"typed, throttled, {fmt}: loaded {loaded}")
+        summary, wall = ingest(stream, b.work / f"out-{stream}", **record_settings(fmt))
+        _check_typed(summary, loaded, f"typed, throttled, {fmt}")
+        rate = throttled.read_rate(stream)
+        result["throttled"][fmt] = {
+            "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
+            "kinesis_records": loaded["kinesis_records"], "read_bytes_per_second": rate,
+            "fraction_of_limit": rate / limit, "limit_bytes_per_second": limit,
+            "get_records": throttled.stats[f"GetRecords:{stream}"],
+            "throttled": throttled.stats[f"GetRecords.throttled:{stream}"],
+            "expired": throttled.stats[f"GetRecords.expired:{stream}"],
+            "wall_s": wall, "records": summary["records"], "dead_letters": summary.get("dead_letters", 0),
+        }  # fmt: skip
+        b.log(f"typed, throttled, {fmt}: {result['throttled'][fmt]}")
+        drop_streams(kinesis, [stream])
+    use_connections(b.moto, open_proxy.endpoint, b.connect)
+    for fmt in TYPED_FORMATS:
+        consumers: dict[str, dict[str, Any]] = {"raw": {}, "typed": record_settings(fmt)}  # their operator arguments
+        runs = []
+        for i in range(args.typed_repeat):
+            stream = f"bench-typed-{fmt}-{i}"
+            new_stream(kinesis, stream, args.shards)
+            orders = Orders(fmt)
+            warm_up = load_backlog(kinesis, stream, 1, b.lines, payload=orders)
+            for kind, settings in consumers.items():  # each consumer's previous batch (not measured)
+                ingest(stream, b.work / f"out-{stream}-{kind}", connect=True, paced=False, consumer=f"bench-{kind}", **settings)
+            loaded = load_backlog(kinesis, stream, args.typed_unthrottled_mib, b.lines,
+                                  payload=Orders(fmt, start=warm_up["user_records"]))  # fmt: skip
+            b.log(f"typed, unthrottled, {fmt} {i + 1}/{args.typed_repeat}: loaded {loaded}")
+            run: dict[str, Any] = {}
+            for kind in (("raw", "typed") if i % 2 == 0 else ("typed", "raw")):
+                summary, wall = ingest(stream, b.work / f"out-{stream}-{kind}", connect=True, paced=False,
+                                       consumer=f"bench-{kind}", **consumers[kind])  # fmt: skip
+                _check_typed(summary, loaded, f"typed, unthrottled, {fmt}, {kind}")
+                run[kind] = {"wall_s": wall, "records": summary["records"], "records_per_second": summary["records"] / wall}
+                b.log(f"typed, unthrottled, {fmt}, {kind} over Spark Connect: {summary['records']} records in {wall:.1f}s")
+            run["first"] = "raw" if i % 2 == 0 else "typed"
+            run["ratio"] = run["typed"]["records_per_second"] / run["raw"]["records_per_second"]
+            runs.append(run)
+            drop_streams(kinesis, [stream])  # the next run's moto holds one backlog
+        ratios = [r["ratio"] for r in runs]
+        result["unthrottled"][fmt] = {"backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
+                                      "runs": runs, "ratios": ratios, "ratio_median": statistics.median(ratios)}  # fmt: skip
+    result["decode_cost"] = decode_cost()
+    b.log(f"typed: {typed_headline(result)}; decoding alone: {result['decode_cost']}")
+    return result
+
+
 def headline(results: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of the sections that ran (the last line ``make bench`` prints)."""
     h: dict[str, Any] = {}
@@ -715,6 +793,8 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         h["shared_efo_fraction"] = [round(r["fraction_per_shard"], 3) for r in s["efo"]["runs"]]
     if results.get("freshness") is not None:
         h["freshness"] = {k: results["freshness"][k] for k in ("p50_s", "p95_s", "batches")}
+    if "typed" in results:
+        h["typed"] = typed_headline(results["typed"])
     return h
 
 
@@ -751,6 +831,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared-efo-mib", type=float, default=128.0, help="the shared stream's backlog, enhanced fan-out")
     parser.add_argument("--freshness-batches", type=int, default=30,
                         help="batches the freshness section measures (the issue asks for p50/p95 over at least 30)")
+    parser.add_argument("--typed-mib", type=float, default=160.0,
+                        help="each typed backlog read behind the limits (JSON, Avro)")
+    parser.add_argument("--typed-unthrottled-mib", type=float, default=160.0,
+                        help="each typed backlog read warm by a raw and a typed consumer")
+    parser.add_argument("--typed-repeat", type=int, default=3, help="typed unthrottled runs of each format (median of the ratios)")
     parser.add_argument("--output", default=None, help="the report (default docs/benchmarks.md; with --only, none)")
     args = parser.parse_args(argv)
     only = args.only or list(SECTIONS)
@@ -767,12 +852,12 @@ def main(argv: list[str] | None = None) -> int:
                       throttled=stack.enter_context(LimitsProxyProcess(moto)),
                       open_proxy=stack.enter_context(LimitsProxyProcess(moto, KinesisLimits(throttle=False))),
                       connect=("", 0))  # fmt: skip
-        if set(only) & {"throttled", "unthrottled", "fixed_cost", "scale"}:  # the sections that use the warm server
+        if set(only) & {"throttled", "unthrottled", "fixed_cost", "scale", "typed"}:  # the sections that use the warm server
             bench.log("starting a Spark Connect server")
             bench.connect = stack.enter_context(spark_connect_server(cores=2))
         sections = {"throttled": section_throttled, "unthrottled": section_unthrottled, "fixed_cost": section_fixed_cost,
                     "scale": section_scale, "shared": section_shared, "freshness": section_freshness,
-                    "memory": section_memory}  # fmt: skip
+                    "memory": section_memory, "typed": section_typed}  # fmt: skip
         for name in SECTIONS:
             if name in only:
                 started = time.monotonic()
@@ -786,6 +871,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.report import write_report
 
         write_report(Path(output), results, " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]))
+        if results.get("typed") is not None:  # its section and targets (benchmarks/typed.py)
+            from benchmarks.typed import add_to_report
+
+            add_to_report(Path(output), results)
         bench.log(f"report written to {output}")
     print(json.dumps(results["headline"]), flush=True)
     return 0

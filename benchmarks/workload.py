@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def access_log_lines(path: Path) -> list[bytes]:
 
 
 def load_backlog(client: Any, stream: str, mib: float, lines: list[bytes], *, aggregate_bytes: int = AGGREGATE_BYTES,
-                 user_records: int | None = None) -> dict[str, int]:  # fmt: skip
+                 user_records: int | None = None, payload: Callable[[int], bytes] | None = None) -> dict[str, int]:  # fmt: skip
     """Put about ``mib`` MiB of user record data into ``stream``, spread evenly over its open shards.
 
     The MiB count Kinesis record data of full aggregates, so at least one aggregate (about 50 KiB)
@@ -55,6 +56,8 @@ def load_backlog(client: Any, stream: str, mib: float, lines: list[bytes], *, ag
 
     :param lines: user record payloads, repeated (with a counter appended) until ``mib`` is reached.
     :param user_records: put exactly this many user records (``mib`` is then ignored).
+    :param payload: user record ``i``'s data is ``payload(i)`` (``i`` from 0; ``lines`` is then
+        not used), e.g. typed records (``benchmarks/typed.py``).
     :returns: ``{"user_records", "kinesis_records", "bytes"}`` (bytes: Kinesis record data put).
     """
     targets = _hash_key_midpoints(client, stream)
@@ -89,7 +92,7 @@ def load_backlog(client: Any, stream: str, mib: float, lines: list[bytes], *, ag
     i = 0
     while (counts["user_records"] < user_records) if user_records is not None else (counts["bytes"] < budget):
         shard = i % len(targets)
-        line = lines[i % len(lines)] + b" #%d" % i
+        line = payload(i) if payload is not None else lines[i % len(lines)] + b" #%d" % i
         full = aggregators[shard].add_user_record(f"pk-{i % 1000}", line, explicit_hash_key=targets[shard])
         counts["user_records"] += 1
         if full is not None:
