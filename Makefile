@@ -16,7 +16,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 VENV35 := .cache/venv-spark35
 PY35 := $(VENV35)/bin/python
 SPARK35_REQUIREMENTS := 'pyspark==3.5.9' 'numpy<2' 'pandas>=2.1,<2.2' 'pyarrow>=15,<16' 'boto3>=1.34' 'aws-kinesis-agg>=1.2' \
-  'protobuf>=4.21' 'fastavro>=1.9' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
+  'protobuf>=4.21' 'fastavro>=1.9' 'tenacity>=8' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
 
 .PHONY: typecheck test-durations bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables demo-typed test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
 
