@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OUTPUT_COLUMNS", "arrow_schema", "spark_ddl", "schema_changes", "type_name"]
+__all__ = ["OUTPUT_COLUMNS", "JOB_COLUMNS", "arrow_schema", "spark_ddl", "schema_changes", "type_name"]
 
 #: ``(name, Spark SQL type, Arrow type name)`` of each output column, in order. Timestamps are
 #: UTC with microseconds (``ApproximateArrivalTimestamp`` has milliseconds); ``data`` is the user
@@ -24,6 +24,17 @@ OUTPUT_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("explicit_hash_key", "string", "string"),
     ("approximate_arrival_timestamp", "timestamp", "timestamp[us, tz=UTC]"),
     ("data", "binary", "binary"),
+)
+
+#: Columns the Spark job's read (``mapInArrow``, ``airflow_kinesis_spark.job.read``) yields after the
+#: output columns and the decoded ones (``core.records``), all filtered out of the output
+#: (``sinks.spark_write.output_rows``): why a record is quarantined (a corrupt Kinesis record, or
+#: a dead letter: a user record that does not decode), its kind (``core.records.DEAD_LETTER_KINDS``),
+#: and the per-range report row.
+JOB_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("_quarantine_reason", "string"),
+    ("_error_kind", "string"),
+    ("_report", "string"),
 )
 
 _ARROW_TYPES = {

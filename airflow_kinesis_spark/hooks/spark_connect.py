@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import importlib.util
+import importlib
 import ipaddress
 import logging
 import math
@@ -40,7 +40,7 @@ from typing import Any
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.exceptions import EndpointUnreachableError
-from airflow_kinesis_spark.hooks.spark_package import core_zip, spark_script_path
+from airflow_kinesis_spark.hooks.spark_package import core_zip
 from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, _log_result, after_failure, describe
 from airflow_kinesis_spark.hooks.spark_temp import batch_temp_dir
 
@@ -252,17 +252,21 @@ def connect_session_id(secret: bytes, scope: str, stream_name: str, consumer_nam
 
 
 def _load_job_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("airflow_kinesis_spark_batch_job", spark_script_path())
-    job = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(job)  # type: ignore[union-attr]
+    """The job, ``airflow_kinesis_spark.job`` (what ``spark_scripts/kinesis_batch.py`` runs), as
+    a module object of the caller's own: a copy of the package's namespace, so a name replaced on
+    it (a test's spy on ``run``) does not change the package for later runs."""
+    package = importlib.import_module("airflow_kinesis_spark.job")
+    job = ModuleType(package.__name__, package.__doc__)
+    job.__dict__.update(vars(package))
     return job
 
 
 class SparkConnectJob:
     """Run the batch in this process against a running Spark Connect server (no JVM start).
 
-    The job is the same code spark-submit runs (``spark_scripts/kinesis_batch.py``); the
-    Airflow-free part of the package goes to the server as a session artifact. Credentials
+    The job is the same code spark-submit runs (``airflow_kinesis_spark.job``, which
+    ``spark_scripts/kinesis_batch.py`` calls); the Airflow-free part of the package, the job
+    included, goes to the server as a session artifact. Credentials
     travel inside the read function to the server's Python workers, never in the plan, the URL
     or a log line. PySpark marks the whole process as a Connect client in ``os.environ``; that
     is undone after the run, so a later spark-submit from this process is not affected.

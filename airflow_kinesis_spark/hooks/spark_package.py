@@ -4,8 +4,9 @@ the Airflow-free code that goes to Spark's executors.
 * :func:`spark_script_path`: the job (``spark_scripts/kinesis_batch.py``), inside the installed
   wheel or in a checkout; the other files of ``spark_scripts/`` are found the same way (the log
   configuration: ``hooks.spark_logs``).
-* :func:`core_zip`: ``airflow_kinesis_spark``'s core, transforms and exceptions, zipped for
-  spark-submit's ``--py-files`` or a Spark Connect session's artifacts.
+* :func:`core_zip`: ``airflow_kinesis_spark``'s core, transforms, exceptions, the job (``job/``)
+  and the sink's write side (``sinks/spark_write.py``), zipped for spark-submit's ``--py-files``
+  or a Spark Connect session's artifacts.
 
 The runners (``hooks.spark``, ``hooks.spark_connect``), the log configuration
 (``hooks.spark_logs``) and the CLI's ``package`` command use these; this module imports none of
@@ -45,8 +46,9 @@ def spark_script_path() -> str:
 
 
 def core_zip(directory: str) -> str:
-    """Zip the Airflow-free part of ``airflow_kinesis_spark`` (core, transforms, exceptions) for
-    Spark's executors into ``directory``; returns the zip's path."""
+    """Zip the Airflow-free part of ``airflow_kinesis_spark`` (core, transforms, exceptions, the
+    job, the sinks package's ``__init__`` and its write side ``sinks/spark_write.py``) for Spark's
+    driver and executors into ``directory``; returns the zip's path."""
     package = Path(airflow_kinesis_spark.__file__).resolve().parent
     target = Path(directory) / "airflow_kinesis_spark_core.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -55,6 +57,9 @@ def core_zip(directory: str) -> str:
             package / "exceptions.py",
             *sorted((package / "core").glob("*.py")),
             *sorted((package / "transforms").glob("*.py")),
+            *sorted((package / "job").glob("*.py")),
+            package / "sinks" / "__init__.py",  # imported with sinks.spark_write; its own imports are lazy
+            package / "sinks" / "spark_write.py",
         ]:
             zf.write(path, f"airflow_kinesis_spark/{path.relative_to(package)}")
     return str(target)

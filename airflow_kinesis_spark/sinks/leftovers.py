@@ -75,7 +75,7 @@ _BATCH = re.compile(r"^batch_id=(?P<batch>\d+)(?:-(?P<plan>[0-9a-f]{12}))?$")
 _STAGED = re.compile(r"^(?P<name>.+)-[0-9a-f]{16}$")
 #: A table window's run folder: ``run={start time, no ':' or '-'}-{8 hex}`` (``core.protocol.run_window``).
 _RUN = re.compile(r"^run=(?P<time>\d{8}T\d{6}(?:\.\d{3})?Z)-[0-9a-f]{8}$")
-#: The quarantine (dead letters) folder of a batch (``spark_scripts/kinesis_batch.py``).
+#: The quarantine (dead letters) folder of a batch (``sinks.spark_write.QUARANTINE_DIR``).
 _QUARANTINE = "_quarantine"
 #: Files and folders a leftover may never be, or be inside.
 _NEVER = frozenset({COMMITTED_DIR, "_delta_log", "metadata", "_kinesis_spark_output.json"})

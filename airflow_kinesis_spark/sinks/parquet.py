@@ -15,7 +15,7 @@ after the checkpoint commit does the batch get:
   Before planning, a run checks the root holds no committed record of a batch its checkpoint
   store has not committed (``Sink.check_position``): a re-created checkpoint table or a second
   checkpoint history writing the same root fails before any Spark job, and the job itself never
-  replaces a batch folder that has a committed record (``spark_scripts/kinesis_batch.py``).
+  replaces a batch folder that has a committed record (``job.batch.refuse_committed``).
 
 A crash between the checkpoint commit and these writes is repaired by the next run, before it
 plans (:meth:`ParquetSink.repair`).

@@ -15,7 +15,6 @@ Serverless, and the job task's ``execute`` is never called.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -31,7 +30,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_kinesis_spark.core.job import JobArguments, run_handed_batch
 from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from airflow_kinesis_spark.hooks.spark_package import spark_script_path
+from airflow_kinesis_spark.job import parse_args
 from airflow_kinesis_spark.operators.split import JOB_ARGUMENTS_KEY, KinesisCommitBatchOperator, KinesisPlanBatchOperator
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 from demo.producer import put_aggregated, put_plain
@@ -75,13 +74,6 @@ def load_dag(monkeypatch, tmp_path: Path, **env: str) -> Any:
     bag = DagBag(dag_folder=str(DAG_FILE))
     assert bag.import_errors == {}
     return bag.dags["kinesis_emr_serverless"]
-
-
-def job_script() -> Any:
-    spec = importlib.util.spec_from_file_location("kinesis_batch_under_test", spark_script_path())
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def test_the_dag_runs_an_emr_serverless_job_between_the_plan_and_a_deferrable_commit(monkeypatch, tmp_path):
@@ -139,7 +131,7 @@ def test_the_plan_task_hands_the_job_run_its_batch_and_the_commit_commits_its_re
     assert driver["entryPointArguments"] == arguments
     assert driver["entryPoint"] == f"{JOB_CODE}/kinesis_batch.py"
     assert job.name == f"kinesis-batch-{RUN_ID}"
-    ns = job_script().parse_args(driver["entryPointArguments"])  # what the driver on EMR parses
+    ns = parse_args(driver["entryPointArguments"])  # what the driver on EMR parses (kinesis_batch.py's main)
     job_args = JobArguments.from_namespace(ns)
     assert (job_args.checkpoint_table, job_args.stream_name, job_args.consumer_name) == (table, unique_name, consumer)
     assert (job_args.batch_id, job_args.lease_owner, job_args.region_name) == (1, handover["lease_owner"], REGION)

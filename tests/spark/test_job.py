@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from airflow_kinesis_spark import job
 from airflow_kinesis_spark.core.planner import plan_incremental
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.transforms.apache_log import parse_combined_log
@@ -19,9 +20,6 @@ from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stre
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("kinesis_batch", ROOT / "spark_scripts" / "kinesis_batch.py")
-job = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(job)
 
 
 def _plan(kinesis, stream: str, output: Path, cutoff: datetime | None = None):

@@ -1,17 +1,11 @@
-"""The job's report rows come back as an observed metric of the write (``spark_scripts/kinesis_batch.py``);
+"""The job's report rows come back as an observed metric of the write (``airflow_kinesis_spark.job.reports``);
 when none comes back the job fails saying so, not with a bare ``KeyError``. No JVM."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("kinesis_batch_observed", ROOT / "spark_scripts" / "kinesis_batch.py")
-job = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(job)
+from airflow_kinesis_spark.job.reports import _observed_reports
 
 
 class Observed:
@@ -22,11 +16,11 @@ class Observed:
 
 
 def test_report_rows_are_read_from_the_observed_metric():
-    rows = job._observed_reports(Observed({"reports": '[{"shard_id": "shardId-000000000000"}]'}), object(), "kinesis_batch_1")
+    rows = _observed_reports(Observed({"reports": '[{"shard_id": "shardId-000000000000"}]'}), object(), "kinesis_batch_1")
     assert rows == [{"shard_id": "shardId-000000000000"}]
 
 
 def test_a_write_whose_metrics_did_not_come_back_fails_saying_so():
     with pytest.raises(RuntimeError, match=r"observed metric kinesis_batch_1: the report rows of the batch's ranges did not "
                                            r"reach the driver \(metrics received: none\); nothing is committed"):
-        job._observed_reports(Observed({}), object(), "kinesis_batch_1")
+        _observed_reports(Observed({}), object(), "kinesis_batch_1")
