@@ -34,6 +34,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pyarrow as pa
@@ -93,19 +94,22 @@ def delta_versions(location: Path) -> int:
     return len(list((location / "_delta_log").glob("*.json"))) if location.exists() else 0
 
 
-def killed_run(env: dict[str, str], hold: CheckpointHold, consumer: str, committed: object, log_file: Path) -> None:
-    """``airflow dags test kinesis_tables`` killed (-9, whole process group) once ``consumer``'s
-    table commit is visible and its checkpoint commit is held."""
+def killed_run(env: dict[str, str], hold: CheckpointHold, consumer: str, committed: Any, log_file: Path,
+               dag_id: str = "kinesis_tables") -> None:  # fmt: skip
+    """``airflow dags test {dag_id}`` killed (-9, whole process group) once ``consumer``'s table
+    commit is visible (``committed()``) and its checkpoint commit is held (``hold``)."""
     hold.release.clear()
     hold.held.clear()
     hold.consumer = consumer
     with open(log_file, "a", encoding="utf-8") as log:
-        proc = subprocess.Popen([str(BIN / "airflow"), "dags", "test", "kinesis_tables"], env=env, stdout=log, stderr=log,
+        log.write(f"$ airflow dags test {dag_id} (to be killed)\n")
+        log.flush()
+        proc = subprocess.Popen([str(BIN / "airflow"), "dags", "test", dag_id], env=env, stdout=log, stderr=log,
                                 start_new_session=True)  # fmt: skip
     try:
         if not hold.held.wait(600):
             raise RuntimeError(f"the {consumer} task never reached its checkpoint commit (see {log_file})")
-        if not committed():  # type: ignore[operator]
+        if not committed():
             raise RuntimeError(f"the {consumer} checkpoint commit came without a table commit before it")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(60)
@@ -113,7 +117,7 @@ def killed_run(env: dict[str, str], hold: CheckpointHold, consumer: str, committ
         hold.consumer = None
         hold.release.set()
     time.sleep(LEASE + 0.5)  # the killed run's lease expires: the next run takes its batch over
-    say(f"killed `airflow dags test kinesis_tables` (-9) after the {consumer} table commit, before its checkpoint commit")
+    say(f"killed `airflow dags test {dag_id}` (-9) after the {consumer} table commit, before its checkpoint commit")
 
 
 def main(argv: list[str] | None = None) -> int:

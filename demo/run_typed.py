@@ -37,11 +37,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -55,8 +52,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from demo.run_tables import CheckpointHold
-from demo.stack import ACCESS_KEY, BIN, REGION, ROOT, SECRET_KEY, airflow, airflow_env, moto_server, spark_connect_server
+from demo.run_tables import CheckpointHold, killed_run
+from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, airflow, airflow_env, moto_server, spark_connect_server
 from demo.typed_producer import Produced, produce_typed, register_schemas, register_second_versions
 
 TABLE = "kinesis_spark_checkpoints"
@@ -340,31 +337,6 @@ def comparable_rows(table: pa.Table) -> list[tuple]:
 # -- the runs ----------------------------------------------------------------------------------
 
 
-def killed_run(env: dict[str, str], hold: CheckpointHold, consumer: str, committed: Any, log_file: Path) -> None:
-    """``airflow dags test kinesis_typed`` killed (-9, whole process group) once ``consumer``'s
-    table commit is visible and its checkpoint commit is held."""
-    hold.release.clear()
-    hold.held.clear()
-    hold.consumer = consumer
-    with open(log_file, "a", encoding="utf-8") as log:
-        log.write("$ airflow dags test kinesis_typed (to be killed)\n")
-        log.flush()
-        proc = subprocess.Popen([str(BIN / "airflow"), "dags", "test", "kinesis_typed"], env=env, stdout=log, stderr=log,
-                                start_new_session=True)  # fmt: skip
-    try:
-        if not hold.held.wait(600):
-            raise RuntimeError(f"the {consumer} task never reached its checkpoint commit (see {log_file})")
-        if not committed():
-            raise RuntimeError(f"the {consumer} checkpoint commit came without a table commit before it")
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(60)
-    finally:
-        hold.consumer = None
-        hold.release.set()
-    time.sleep(LEASE + 0.5)  # the killed run's lease expires: the next run takes its batch over
-    say(f"killed `airflow dags test kinesis_typed` (-9) after the {consumer} table commit, before its checkpoint commit")
-
-
 def produce_part(kinesis: Any, schemas: Any, part: int, count: int, broken: int, version: int) -> dict[str, Produced]:
     """One part of every stream; the JSON stream's first."""
     produced = {}
@@ -430,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             f"run 2, killed between the {KILLED} table commit and its checkpoint commit")  # fmt: skip
         json_table = next(t for t in TARGETS if t.consumer == KILLED).location
         snapshots_before = iceberg_snapshots(work, json_table)
-        killed_run(env, hold, KILLED, lambda: iceberg_snapshots(work, json_table) == snapshots_before + 1, log_file)
+        killed_run(env, hold, KILLED, lambda: iceberg_snapshots(work, json_table) == snapshots_before + 1, log_file, "kinesis_typed")
 
         say("run 3: airflow dags test kinesis_typed (rolls the killed batch forward)")
         airflow(["dags", "test", "kinesis_typed"], env, log_file)
