@@ -681,6 +681,33 @@ def section_memory(b: Bench) -> dict[str, Any]:
     return {"heap": args.memory_heap, "spark_conf": fixed_heap_conf(args.memory_heap), "repeat": args.memory_repeat, "capped": rows, "uncapped": uncapped}
 
 
+def _spark_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) so far of the warm Spark Connect server's JVM (``spark_jvm``),
+    the Python processes under it (``spark_python``: pyspark's daemon and its workers, with the
+    workers that ended and were waited for) and this process (``operator``)."""
+
+    def seconds(proc: psutil.Process, children: bool = False) -> float:
+        t = proc.cpu_times()
+        return t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
+
+    out = {"spark_jvm": 0.0, "spark_python": 0.0, "operator": seconds(psutil.Process())}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.name() != "java" or "SparkConnectServer" not in " ".join(proc.cmdline()):
+                continue
+            out["spark_jvm"] += seconds(proc)
+            out["spark_python"] += seconds(proc, children=True) - seconds(proc)  # its children that ended
+            descendants = proc.children(recursive=True)  # the daemon and the (reused) workers it forked
+        except psutil.Error:
+            continue
+        for child in descendants:
+            try:
+                out["spark_python"] += seconds(child, children=True)  # a live one, and its children that ended
+            except psutil.Error:
+                continue
+    return out
+
+
 def _check_typed(summary: dict[str, Any], loaded: dict[str, int], what: str) -> None:
     """:func:`check`, and no record a dead letter (every order decodes by its schema)."""
     check(summary, loaded, what)
@@ -736,10 +763,13 @@ def section_typed(b: Bench) -> dict[str, Any]:
             b.log(f"typed, unthrottled, {fmt} {i + 1}/{args.typed_repeat}: loaded {loaded}")
             run: dict[str, Any] = {}
             for kind in (("raw", "typed") if i % 2 == 0 else ("typed", "raw")):
+                cpu = _spark_cpu()
                 summary, wall = ingest(stream, b.work / f"out-{stream}-{kind}", connect=True, paced=False,
                                        consumer=f"bench-{kind}", **consumers[kind])  # fmt: skip
+                cpu = {k: v - cpu[k] for k, v in _spark_cpu().items()}
                 _check_typed(summary, loaded, f"typed, unthrottled, {fmt}, {kind}")
-                run[kind] = {"wall_s": wall, "records": summary["records"], "records_per_second": summary["records"] / wall}
+                run[kind] = {"wall_s": wall, "records": summary["records"], "records_per_second": summary["records"] / wall,
+                             "cpu_s": cpu}  # fmt: skip
                 b.log(f"typed, unthrottled, {fmt}, {kind} over Spark Connect: {summary['records']} records in {wall:.1f}s")
             run["first"] = "raw" if i % 2 == 0 else "typed"
             run["ratio"] = run["typed"]["records_per_second"] / run["raw"]["records_per_second"]

@@ -261,6 +261,8 @@ def typed_markdown(typed: dict[str, Any], heading: str, raw_throttled_fraction: 
         + json.dumps({"typed": h}) + "`.",
         "",
     ]
+    if all("cpu_s" in r["raw"] for fmt in FORMATS for r in u[fmt]["runs"]):
+        lines += _cpu_table(u)
     if typed.get("decode_cost"):
         c = typed["decode_cost"]
         limit = t[FORMATS[0]]["limit_bytes_per_second"]
@@ -277,6 +279,34 @@ def typed_markdown(typed: dict[str, Any], heading: str, raw_throttled_fraction: 
             "",
         ]  # fmt: skip
     return lines
+
+
+def _cpu_table(u: dict[str, Any]) -> list[str]:
+    """The unthrottled runs' CPU seconds by process, medians per format and consumer."""
+    parts = ("spark_jvm", "spark_python", "operator")
+
+    def med(fmt: str, kind: str, part: str | None = None) -> float:
+        runs = u[fmt]["runs"]
+        return statistics.median(sum(r[kind]["cpu_s"].values()) if part is None else r[kind]["cpu_s"][part] for r in runs)
+
+    return [
+        "Where the time goes, unthrottled: CPU seconds of each run (medians over the repeats) by process: the Spark "
+        "Connect server's JVM (Arrow to rows, Parquet write), the Python processes under it (pyspark's workers: "
+        "the read, de-aggregation and decoding) and the benchmark's process (the operator: plan, probes, commit). "
+        "The Kinesis emulator and the proxy serve the same bytes to both consumers (not counted). Wall time is "
+        "less than CPU time where the cores work at once, more where the processes wait or other work takes the cores.",
+        "",
+        _row("format", "consumer", "Spark JVM (s)", "Spark Python workers (s)", "operator (s)", "total CPU (s)",
+             "CPU µs a record"),  # fmt: skip
+        _row(*["---"] * 7),
+        *[
+            _row(fmt, kind, *(f"{med(fmt, kind, part):.1f}" for part in parts), f"{med(fmt, kind):.1f}",
+                 f"{med(fmt, kind) / u[fmt]['user_records'] * 1e6:.1f}")  # fmt: skip
+            for fmt in FORMATS
+            for kind in ("raw", "typed")
+        ],
+        "",
+    ]
 
 
 def decode_cost(records: int = 10_000, repeat: int = 5) -> dict[str, Any]:
