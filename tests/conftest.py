@@ -202,7 +202,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     time; others keep their earlier value), sorted, on the controller only."""
     target = os.environ.get("RECORD_TEST_DURATIONS")
     if target and _RECORDED and not hasattr(session.config, "workerinput"):
-        merged = {**_DURATIONS, **_RECORDED}
+        merged = {k: v for k, v in {**_DURATIONS, **_RECORDED}.items() if v >= _SHORT}  # shorter ones count as _SHORT
         Path(target).write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
 
 

@@ -139,8 +139,8 @@ class CountingClient:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._client, name)
-        if not callable(method) or name in ("get_paginator", "can_paginate"):
-            return method
+        if not callable(method) or name in ("get_paginator", "can_paginate", "get_waiter"):
+            return method  # a waiter's calls go through the real client: not counted
 
         def call(**kwargs: Any) -> Any:
             self.calls[name] = self.calls.get(name, 0) + 1
