@@ -329,13 +329,14 @@ class RecordDecoder:
     schema: Any = field(init=False)
     _by_version: dict[str, Callable[[list[bytes]], tuple[Any, list[tuple[int, str, str]]]]] = field(init=False)
     _inline: Callable[[list[bytes]], tuple[Any, list[tuple[int, str, str]]]] | None = field(init=False)
+    _struct: Any = field(init=False)
 
     def __post_init__(self) -> None:
         import pyarrow as pa
 
         merged = decoded_schema(self.spec)
         self.schema = pa.schema([pa.field(f.name, spark_compatible(f.type), nullable=True) for f in merged])
-        struct = pa.struct(list(self.schema))
+        struct = self._struct = pa.struct(list(self.schema))
         fmt = self.spec["format"]
         self._by_version = {}
         self._inline = None
@@ -352,7 +353,7 @@ class RecordDecoder:
         """
         import pyarrow as pa
 
-        struct = pa.struct(list(self.schema))
+        struct = self._struct
         n = len(datas)
         kinds: list[str | None] = [None] * n
         messages: list[str | None] = [None] * n

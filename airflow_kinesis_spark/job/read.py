@@ -29,7 +29,6 @@ log = logging.getLogger("airflow_kinesis_spark.spark_job")
 
 __all__ = [
     "JOB_COLUMNS",
-    "RAW_SCHEMA",
     "HANDOVER_ROWS",
     "HANDOVER_BYTES",
     "job_schema",
@@ -40,8 +39,6 @@ __all__ = [
 ]
 
 
-#: What ``mapInArrow`` yields for raw records.
-RAW_SCHEMA = spark_ddl(*JOB_COLUMNS)
 #: A task hands Spark its rows in Arrow record batches of up to about this many rows, or bytes:
 #: consecutive smaller ones (a small batch's pages of a few KiB, the one-row reports) are joined.
 #: Each record batch costs the JVM's Arrow reader some work: at 256 shard ranges of 20 records,
@@ -51,17 +48,16 @@ HANDOVER_ROWS = 10_000
 HANDOVER_BYTES = 8 * 1024 * 1024
 
 
-def job_schema(records: dict[str, Any] | None) -> tuple[Any, str]:
-    """What ``mapInArrow`` yields for a plan's record spec (``OutputSpec.records``; ``None``:
-    raw): ``(pyarrow.Schema, Spark DDL)``: the output columns, the decoded columns
-    (``core.records.RecordDecoder.schema``), then :data:`JOB_COLUMNS`."""
+def job_schema(decoder: Any = None) -> tuple[Any, str]:
+    """What ``mapInArrow`` yields with ``decoder`` (a ``core.records.RecordDecoder``; ``None``:
+    raw records): ``(pyarrow.Schema, Spark DDL)``: the output columns, the decoded columns
+    (``decoder.schema``), then :data:`JOB_COLUMNS`."""
     import pyarrow as pa
 
     from airflow_kinesis_spark.core.record_schemas import spark_type
-    from airflow_kinesis_spark.core.records import RecordDecoder
 
     schema = arrow_schema()
-    decoded = RecordDecoder(records).schema if records else []
+    decoded = decoder.schema if decoder is not None else []
     for f in decoded:
         schema = schema.append(f)
     for name, _ in JOB_COLUMNS:
@@ -108,7 +104,10 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                 max_pool_connections=max(10, 2 * len(ranges)),
             ),
         ))
-        schema, _ = job_schema(records)
+        from airflow_kinesis_spark.core.records import RecordDecoder
+
+        decoder = RecordDecoder(records) if records else None  # one per task: the schema and every page's decoding
+        schema, _ = job_schema(decoder)
         readers = [
             ShardReader(
                 client, stream_name, rng, limit=options["limit"], min_call_interval=options["min_call_interval"],
@@ -117,16 +116,17 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
             for rng in ranges
         ]  # fmt: skip
         quarantine_only = bool(options.get("quarantine_only"))
-        yield from joined_batches(_read_batches(readers, schema, quarantine_only), HANDOVER_ROWS, HANDOVER_BYTES)
+        yield from joined_batches(_read_batches(readers, schema, decoder, quarantine_only), HANDOVER_ROWS, HANDOVER_BYTES)
 
-    def _read_batches(readers: list[Any], schema: Any, quarantine_only: bool) -> Iterator[Any]:
+    def _read_batches(readers: list[Any], schema: Any, decoder: Any, quarantine_only: bool) -> Iterator[Any]:
         import pyarrow as pa
         import pyarrow.compute as pc
 
         from airflow_kinesis_spark.core.reader import read_concurrently
-        from airflow_kinesis_spark.core.records import RecordDecoder
 
-        decoder = RecordDecoder(records) if records else None
+        # Decoded records leave their bytes behind (the output drops ``data``): only the rows kept
+        # raw (a corrupt Kinesis record, a dead letter) hand them to the JVM.
+        drop_data = decoder is not None and not records.get("keep_raw_data")  # type: ignore[union-attr]
         dead_letters: dict[int, int] = {}
         for reader, page in read_concurrently(readers):
             if page is None:
@@ -141,17 +141,19 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
             reasons = pa.array(page.quarantine_reasons, pa.string()).take(index)
             kinds = pc.if_else(pc.is_valid(reasons), pa.scalar("corrupt_aggregate"), pa.scalar(None, pa.string()))
             decoded: list[Any] = []
+            data = pa.array(page.datas, pa.binary())
             if decoder is not None:
                 # a corrupt Kinesis record is not decoded: its reason stays the reader's
-                datas = [b"" if r is not None else d for d, r in zip(page.datas, reasons.to_pylist())]
-                result = decoder.decode(datas)
+                corrupt = reasons.to_pylist()
+                result = decoder.decode([b"" if c is not None else d for d, c in zip(page.datas, corrupt)])
                 decoded = result.columns
                 if result.dead_letters:
-                    corrupt = reasons.to_pylist()
                     kinds = pa.array(["corrupt_aggregate" if c is not None else k for c, k in zip(corrupt, result.kinds)], pa.string())
                     reasons = pa.array([c if c is not None else m for c, m in zip(corrupt, result.messages)], pa.string())
                     dead = sum(1 for c, k in zip(corrupt, result.kinds) if c is None and k is not None)
                     dead_letters[id(reader)] = dead_letters.get(id(reader), 0) + dead
+                if drop_data:
+                    data = pc.if_else(pc.is_valid(reasons), data, pa.nulls(n, pa.binary()))
             batch = pa.RecordBatch.from_arrays(
                 [
                     pa.repeat(pa.scalar(row_stream_name, pa.string()), n),
@@ -161,7 +163,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
                     pa.array(page.partition_keys, pa.string()),
                     pa.array(page.explicit_hash_keys, pa.string()),
                     pa.array(page.arrivals, pa.timestamp("us", tz="UTC")).take(index),
-                    pa.array(page.datas, pa.binary()),
+                    data,
                     *decoded,
                     reasons,
                     kinds,
@@ -247,4 +249,6 @@ def read_batch(spark: Any, plan: dict[str, Any], aws_env: dict[str, str], option
     )
     records = (plan.get("output") or {}).get("records")
     reader = make_reader_function(plan["stream_name"], aws_env, options, plan.get("consumer_arn"), records)
-    return range_df.mapInArrow(reader, job_schema(records)[1] if records else RAW_SCHEMA)
+    from airflow_kinesis_spark.core.records import RecordDecoder
+
+    return range_df.mapInArrow(reader, job_schema(RecordDecoder(records) if records else None)[1])

@@ -272,17 +272,20 @@ class Sink:
 
     def check_schema(self, transform: str | None) -> None:
         """Before planning: without a transform the job's columns are known (the output schema,
-        ``core.schema.OUTPUT_COLUMNS``, and the derived columns of :meth:`output_spec`), so a table
-        that would refuse them is found before any Spark job, as the table commit would find it.
-        With a transform the columns are known only once Spark ran it: the table commit checks them.
+        ``core.schema.OUTPUT_COLUMNS``, the decoded columns of an inline record schema, and the
+        derived columns of :meth:`output_spec`), so a table that would refuse them is found before
+        any Spark job, as the table commit would find it. With a transform the columns are known
+        only once Spark ran it, and with a schema registry only once a plan holds its versions
+        (read at planning, when there are records: not on every run): the table commit checks them.
 
         :raises TableCommitError: naming the columns (the same rules as the table commit,
             ``schema_evolution`` included).
         """
-        table = self.table_schema() if not transform else None
+        registry = self.record_settings is not None and self.record_settings.registry
+        table = self.table_schema() if not transform and not registry else None
         if table is None:
             return
-        self.columns_to_add(table, self.batch_schema(self.planned_output_spec()), "the batches (no transform)", planning=True)
+        self.columns_to_add(table, self.batch_schema(self.output_spec()), "the batches (no transform)", planning=True)
 
     def batch_schema(self, spec: OutputSpec) -> Any:
         """The columns a batch of ``spec`` writes without a transform (``pyarrow.Schema``): the
@@ -418,11 +421,13 @@ class Sink:
 
         spec = self.output_spec()
         if self.record_settings is not None and self.record_settings.registry:
-            from airflow_kinesis_spark.core.records import resolve_registry
+            from airflow_kinesis_spark.core.records import decoded_schema, resolve_registry
 
             if self.glue_client is None:
                 raise ValueError("schema_registry needs a Glue client: the operator's aws_conn_id provides it")
-            spec = replace(spec, records=resolve_registry(self.glue_client(), self.record_settings))
+            resolved = resolve_registry(self.glue_client(), self.record_settings)
+            decoded_schema(resolved)  # versions that type a field differently: TableCommitError now, not in the job
+            spec = replace(spec, records=resolved)
         if not spec.target_file_size or spec.max_records_per_file:
             return spec
         per_row = self.stored_bytes_per_row()

@@ -10,7 +10,9 @@ report. The files are read as a stream of record batches, three columns only (``
 ``sequence_number``, ``sub_sequence_number``): memory grows with the number of shards, not rows.
 
 A batch with a transform is checked only for having data files: a transform's rows need not be
-one per record (filters, aggregations), nor keep the key columns.
+one per record (filters, aggregations), nor keep the key columns. Dead letters are checked
+whatever the transform: the quarantine output (written raw, before any transform) must hold each
+shard's reported corrupt records and dead letters.
 
 No Airflow import.
 """
@@ -110,10 +112,14 @@ def check_written(plan: Any, reports: Sequence[Any], storage_options: Mapping[st
             "write the checkpoint table and the output (docs/security.md); discard the pending batch to plan it anew.",
             batch_id=plan.batch_id,
         )  # fmt: skip
+    # A dead letter is a skipped record unless the quarantine output holds it: checked whatever
+    # the transform (the job writes dead letters raw, before any transform).
+    problems = _dead_letter_problems(plan, reports, storage_options)
     if transform or written is None:
-        log.info("%s: the report is checked for data files only (%s)", what, "a transform" if transform else "no key columns")
+        _raise_if(problems, what, plan)
+        log.info("%s: the report is checked for data files and dead letters only (%s)", what,
+                 "a transform" if transform else "no key columns")  # fmt: skip
         return
-    problems = []
     for shard in sorted({r.shard_id for r in reports} | set(written)):
         shard_reports = [r for r in reports if r.shard_id == shard]
         # Dead letters (records that did not decode) are read records kept in the quarantine
@@ -129,13 +135,28 @@ def check_written(plan: Any, reports: Sequence[Any], storage_options: Mapping[st
         if rows != reported or (reported and not same_last):
             problems.append(f"shard {shard}: the report says {reported} records up to {last}, the files hold {rows} up to "
                             f"{newest}")  # fmt: skip
-    if any(r.dead_letters for r in reports):  # a dead letter is a skipped record unless the quarantine output holds it
-        kept = written_by_shard(f"{plan.output_location}/_quarantine", storage_options) or {}
-        for shard in sorted({r.shard_id for r in reports if r.dead_letters}):
-            expected = sum(r.quarantined + r.dead_letters for r in reports if r.shard_id == shard)
-            if kept.get(shard, (0, None))[0] != expected:
-                problems.append(f"shard {shard}: the report says {expected} quarantined records and dead letters, the "
-                                f"quarantine output holds {kept.get(shard, (0, None))[0]}")  # fmt: skip
+    _raise_if(problems, what, plan)
+    log.info("%s: report checked against the %d shards' rows in the published files", what, len(written))
+
+
+def _dead_letter_problems(plan: Any, reports: Sequence[Any], storage_options: Mapping[str, str] | None) -> list[str]:
+    """Per shard with dead letters: the quarantine output holds its reported corrupt records and
+    dead letters (``[]``: it does, or no dead letter was reported)."""
+    if not any(r.dead_letters for r in reports):
+        return []
+    kept = written_by_shard(f"{plan.output_location}/_quarantine", storage_options) or {}
+    problems = []
+    for shard in sorted({r.shard_id for r in reports if r.dead_letters}):
+        expected = sum(r.quarantined + r.dead_letters for r in reports if r.shard_id == shard)
+        held = kept.get(shard, (0, None))[0]
+        if held != expected:
+            problems.append(f"shard {shard}: the report says {expected} quarantined records and dead letters, the "
+                            f"quarantine output holds {held}")  # fmt: skip
+    return problems
+
+
+def _raise_if(problems: list[str], what: str, plan: Any) -> None:
+    """:raises ReportValidationError: naming ``problems`` (at most five shards), when there are any."""
     if problems:
         raise ReportValidationError(
             f"The report of {what} does not match the output published at {plan.output_location}: {'; '.join(problems[:5])}"
@@ -145,4 +166,3 @@ def check_written(plan: Any, reports: Sequence[Any], storage_options: Mapping[st
             "the pending batch to plan it anew.",
             batch_id=plan.batch_id, problems=problems,
         )  # fmt: skip
-    log.info("%s: report checked against the %d shards' rows in the published files", what, len(written))
