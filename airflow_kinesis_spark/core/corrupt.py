@@ -13,8 +13,7 @@ what it writes. This module holds what those checks share:
   ``_explain``, ``_key_text``).
 
 The underscored names are internal to the store's modules (``core.head``, ``core.payloads``,
-``core.chunks``), which import them from here; ``core.store`` re-exports the public ones. This
-module imports no other module of the store.
+``core.chunks``), which import them from here. This module imports no other module of the store.
 
 No Airflow import.
 """

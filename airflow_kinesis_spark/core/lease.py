@@ -105,7 +105,7 @@ class LeaseHolding:
     #: (``DynamoDBCheckpointStore(clock=...)``; default ``time.time``): tests move it instead of sleeping.
     clock: Callable[[], float]
 
-    def _now_ms(self) -> int:
+    def now_ms(self) -> int:
         """The store's clock in epoch milliseconds (what a heartbeat holds)."""
         return int(self.clock() * 1000)
 
@@ -184,7 +184,7 @@ class LeaseHolding:
             + ("" if before_report else " OR pending_report_owner = pending_owner")
             + ")))",
             {":n": {"N": str(batch_id)}, ":w": {"S": writer}, ":lo": {"S": lease_owner}, ":lop": {"S": lease_owner + "/"},
-             ":t": {"S": _now()}, ":hb": {"N": str(self._now_ms())}, ":stale": {"N": str(self._now_ms() - int(lease_seconds * 1000))}},
+             ":t": {"S": _now()}, ":hb": {"N": str(self.now_ms())}, ":stale": {"N": str(self.now_ms() - int(lease_seconds * 1000))}},
             action=f"claim pending batch {batch_id} for {lease_owner}{' before its report is recorded' if before_report else ''}",
             owner=writer,
             applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == writer,
@@ -195,7 +195,7 @@ class LeaseHolding:
     def _raise_if_leased(self, head: Head, batch_id: int, owner: str, lease_seconds: float) -> None:
         """Raise :class:`BatchLeaseHeldError` when another writer's lease on ``batch_id`` is alive."""
         if head.pending_batch_id == batch_id and head.pending_owner != owner and head.pending_heartbeat is not None:
-            now_ms = self._now_ms()
+            now_ms = self.now_ms()
             age = (now_ms - head.pending_heartbeat) / 1000
             if age < lease_seconds:
                 raise lease_held_error(
@@ -210,8 +210,8 @@ class LeaseHolding:
             "SET pending_owner = :o, pending_since = :t, pending_heartbeat = :hb",
             "pending_batch_id = :n AND (attribute_not_exists(pending_heartbeat) OR pending_heartbeat < :stale "
             "OR pending_owner = :o)",
-            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()}, ":hb": {"N": str(self._now_ms())},
-             ":stale": {"N": str(self._now_ms() - int(lease_seconds * 1000))}},
+            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()}, ":hb": {"N": str(self.now_ms())},
+             ":stale": {"N": str(self.now_ms() - int(lease_seconds * 1000))}},
             action=f"take over pending batch {batch_id}",
             owner=owner,
             applied=lambda h: h.pending_batch_id == batch_id and h.pending_owner == owner,
@@ -294,7 +294,7 @@ class LeaseHolding:
         self._update_head(
             "SET pending_heartbeat = :hb",
             "pending_batch_id = :n AND pending_owner = :o",
-            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":hb": {"N": str(self._now_ms())}},
+            {":n": {"N": str(batch_id)}, ":o": {"S": owner}, ":hb": {"N": str(self.now_ms())}},
             action=f"renew the lease on batch {batch_id}",
             owner=owner,
         )

@@ -70,6 +70,7 @@ _SET_BY = {
     "max records per shard": "max_records_per_shard",
     "max bytes per shard": "max_bytes_per_shard",
     "initial position": "initial_position, initial_timestamp",
+    "output records": "record_format, record_schema, record_message, schema_registry, keep_raw_data, max_dead_letter_fraction",
 }
 #: Keys of a stored output spec (``OutputSpec.to_dict``) and how differences in them are named.
 _OUTPUT_ITEMS = {"format": "output format", "partition": "partitioning", "max_records_per_file": "max records per file",

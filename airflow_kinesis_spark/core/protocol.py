@@ -14,8 +14,8 @@ This module is the protocol's policy and nothing else. It drives
 Operators validate their arguments, build the client, store and job, call :func:`run_incremental`
 or :func:`run_window`, and publish the returned summary. Where each rule lives: stop rules in
 ``core.reader``, parents-before-children in ``core.shards``, planning in ``core.planner`` /
-``core.window``, lag and trim-horizon rules in ``core.lag``, the commit and the lease in
-``core.store``; the job's and the sink's interfaces in ``core.interfaces``, output locations
+``core.window``, lag and trim-horizon rules in ``core.lag``, the conditional commit in
+``core.store`` and the lease in ``core.lease``; the job's and the sink's interfaces in ``core.interfaces``, output locations
 and plan ids in ``core.locations``, the pending plan's checks in ``core.pending``, a window's
 check against the committed position in ``core.window_position``, the run's summary and the
 task log's account in ``core.summaries``.
@@ -351,7 +351,7 @@ def commit_handed(
             batch_id=batch_id, committed_batch_id=head.committed_batch_id, pending_batch_id=head.pending_batch_id,
         )  # fmt: skip
     if head.pending_report_owner is None:
-        age = None if not head.pending_heartbeat else (time.time() * 1000 - head.pending_heartbeat) / 1000
+        age = None if not head.pending_heartbeat else (store.now_ms() - head.pending_heartbeat) / 1000
         running = age is not None and age < lease_seconds and head.pending_owner != lease_owner
         state = (
             f"its job is running (writer {head.pending_owner}, last heartbeat {age:.1f} s ago)" if running
@@ -530,9 +530,9 @@ def check_dead_letters(plan: BatchPlan, reports: Sequence[ShardReport]) -> None:
         f"{dead} of {what}'s {records} records ({dead / records:.1%}) did not decode as {spec.get('format')} records "
         f"(max_dead_letter_fraction={limit}): that many is a wrong record_format or schema, not bad records. Nothing was "
         f"committed{'; the batch stays pending' if plan.mode == 'incremental' else ''}. The dead letters, with each "
-        f"record's error, are under {plan.output_location}/_quarantine: read a few, fix record_format / record_schema / "
-        "schema_registry (then discard the pending batch: its plan holds the old settings), or raise "
-        "max_dead_letter_fraction if these records really are bad.",
+        f"record's error, are under {plan.output_location}/_quarantine: read a few, then fix record_format / "
+        "record_schema / schema_registry, or raise max_dead_letter_fraction if these records really are bad; either "
+        "way discard the pending batch (kinesis-spark discard-pending): its plan holds the settings it was planned with.",
         batch_id=plan.batch_id, records=records, dead_letters=dead, limit=limit,
     )  # fmt: skip
 

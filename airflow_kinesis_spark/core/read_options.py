@@ -93,11 +93,11 @@ class ReadOptions:
 
 
 #: Errors that mean "slow down", retried with exponential backoff and full jitter (but see
-#: :data:`READ_BUDGET_ERROR`).
+#: :data:`~airflow_kinesis_spark.core.reader.READ_BUDGET_ERROR`).
 THROTTLING_ERRORS = frozenset(
     {"ProvisionedThroughputExceededException", "KMSThrottlingException", "LimitExceededException"}
 )
-#: Reader operations whose throttling errors reach :class:`ShardReader` at once (:func:`own_throttling`).
+#: Reader operations whose throttling errors reach :class:`~airflow_kinesis_spark.core.reader.ShardReader` at once (:func:`own_throttling`).
 READER_OPERATIONS = ("GetRecords", "GetShardIterator", "SubscribeToShard")
 
 
@@ -105,7 +105,7 @@ def own_throttling(client: Any) -> Any:
     """Let the readers retry the throttling errors of their own calls; returns ``client``.
 
     botocore's retry modes retry ``ProvisionedThroughputExceededException`` within the call, with
-    exponential backoff of up to 20 s (standard mode), out of :class:`ShardReader`'s sight: the
+    exponential backoff of up to 20 s (standard mode), out of :class:`~airflow_kinesis_spark.core.reader.ShardReader`'s sight: the
     report's ``throttled_calls`` then says 0, and on a shared stream the reader that drew the long
     waits leaves the shard idle and falls behind the others. This registers a first
     ``needs-retry`` handler for :data:`READER_OPERATIONS` that raises a throttling error response

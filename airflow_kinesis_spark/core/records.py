@@ -58,7 +58,6 @@ __all__ = [
     "DecodeError",
     "decoded_schema",
 
-    "gsr_header",
     "resolve_registry",
 ]
 
@@ -212,12 +211,6 @@ def resolve_registry(glue: Any, settings: RecordSettings) -> dict[str, Any]:
     if not versions:
         raise ValueError(f"schema {name} in AWS Glue Schema Registry has no available version")
     return {**settings.to_dict(), "versions": versions}
-
-
-def gsr_header(version_id: str, *, compressed: bool = False) -> bytes:
-    """The 18-byte AWS Glue Schema Registry header of a record of schema version ``version_id``
-    (a UUID): header version, compression (zlib or none), the version id's bytes."""
-    return bytes([GSR_HEADER_VERSION, GSR_COMPRESSION_ZLIB if compressed else GSR_COMPRESSION_NONE]) + uuid.UUID(version_id).bytes
 
 
 def _split_gsr(data: bytes) -> tuple[str, bytes]:

@@ -366,7 +366,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
             "pending_heartbeat = :hb REMOVE pending_report_owner",
             "committed_batch_id = :prev AND attribute_not_exists(pending_batch_id)",
             {":n": {"N": str(plan.batch_id)}, ":o": {"S": owner}, ":t": {"S": _now()},
-             ":prev": {"N": str(plan.batch_id - 1)}, ":hb": {"N": str(self._now_ms())}},
+             ":prev": {"N": str(plan.batch_id - 1)}, ":hb": {"N": str(self.now_ms())}},
             action=f"begin batch {plan.batch_id}",
             owner=owner,
             applied=lambda h: h.pending_batch_id == plan.batch_id and h.pending_plan_owner == owner,

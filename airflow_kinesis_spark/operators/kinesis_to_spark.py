@@ -22,8 +22,8 @@ from airflow_kinesis_spark.core.consumers import CONSUMER_TYPES
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
 from airflow_kinesis_spark.core.planner import INITIAL_POSITIONS
 from airflow_kinesis_spark.core.positions import parse_timestamp
+from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.protocol import (
-    DEFAULT_LEASE_SECONDS,
     IncrementalSettings,
     WindowSettings,
     prepare_incremental,
