@@ -223,10 +223,10 @@ def test_a_deferrable_commit_task_defers_only_while_no_report_is_recorded(aws_co
 def test_a_split_group_with_typed_records_carries_the_schema_in_the_plan_and_counts_dead_letters(
     aws_conn, kinesis, dynamodb, unique_name, tmp_path
 ):
-    """record_format on the task group: the plan task stores the record spec in the plan, the job
-    (``core.job.run_handed_batch`` with a pyarrow writer in place of Spark, decoding with
-    ``core.records.RecordDecoder`` as the Spark job does) writes typed rows and dead letters, the
-    commit task checks them against the dead-letter output and counts them."""
+    """record_format on the task group: the plan task stores the record spec in the plan; a
+    stand-in job (``core.job.run_handed_batch`` with a pyarrow writer, no Spark: the decoding in
+    Spark is tests/spark/test_typed_job.py's) writes rows and dead letters from the stored spec;
+    the commit task checks the dead letters against the dead-letter output and counts them."""
     import json
     import os
     import shutil

@@ -95,10 +95,12 @@ def test_registry_avro_into_iceberg_evolves_with_a_new_version_and_a_deleted_one
 
     schemas = register_second_versions(glue, schemas)  # mid-stream: version 2 adds "channel"
     second = produce_typed(kinesis, unique_name, kind="avro", count=30, broken=0, schemas=schemas, seed=2, start_id=100, version=2)
+    snapshots = len(iceberg.metadata.snapshots)
     summary = ingest(unique_name, output, spark_connect_conn, **settings)
     assert summary["records"] == 30 and summary["dead_letters"] == 0
     iceberg = IcebergSink(table, catalog(tmp_path), str(output)).load()
-    assert "channel" in iceberg.schema().column_names  # added in this batch's own snapshot
+    assert "channel" in iceberg.schema().column_names  # added in this batch's own snapshot:
+    assert len(iceberg.metadata.snapshots) == snapshots + 1  # one commit, the column and the rows
     rows = {r["order_id"]: r for r in iceberg.scan().to_arrow().to_pylist()}
     assert set(rows) == set(first.good) | set(second.good)
     for order_id, value in {**first.good, **second.good}.items():
@@ -149,8 +151,9 @@ def test_json_into_delta_type_change_fails_naming_the_field_and_too_many_dead_le
 def test_window_redecodes_last_months_records_into_todays_table(
     glue, spark_connect_conn, kinesis, tmp_path, unique_name
 ):
-    """Records of version 1 and 2 re-read by a window into a table that already has version 2's
-    column: each decoded with the version it names; the re-run writes the same rows."""
+    """Records of version 1 and 2 re-read by a window after version 2 was registered: each record
+    decoded with the version it names (version 1's rows have no coupon), into one table with
+    version 2's column; the re-run writes the same rows."""
     create_stream(kinesis, unique_name, 1)
     schemas = register_schemas(glue, registry_name=unique_name)
     start = datetime.now(timezone.utc) - timedelta(seconds=1)

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 import fastavro
 import pytest
 
-from airflow_kinesis_spark.core.records import RecordSettings, gsr_header
+from airflow_kinesis_spark.core.records import RecordSettings
 from demo.producer import put_plain
 from tests.conftest import create_stream
 from tests.spark.test_job import OPTIONS, ONE_PASS, _aws_env, _plan, job
@@ -32,6 +32,12 @@ JSON_SCHEMA = {"type": "object", "required": ["id"], "properties": {
     "id": {"type": "integer"}, "name": {"type": "string"},
     "tags": {"type": "array", "items": {"type": "string"}},
     "meta": {"type": "object", "properties": {"score": {"type": "number"}}}}}  # fmt: skip
+
+
+def gsr(version_id: str, *, compressed: bool = False) -> bytes:
+    """The AWS Glue Schema Registry header, written out from its documented layout (not the
+    decoder's code): version byte 3, compression 5 (zlib) or 0, the version id's 16 bytes."""
+    return bytes([3, 5 if compressed else 0]) + uuid.UUID(version_id).bytes
 
 
 def _avro(schema: dict, value: dict) -> bytes:
@@ -76,11 +82,11 @@ def test_registry_avro_records_decode_with_the_version_each_names(spark, kinesis
     old = {"order_id": 1, "customer": "ann", "items": [{"sku": "x", "qty": 2}], "placed_at": at}
     new = {"order_id": 2, "customer": "bob", "items": [], "placed_at": at, "channel": "web"}
     put_plain(kinesis, unique_name, [
-        ("a", gsr_header(v1) + _avro(ORDER_V1, old)),
-        ("b", gsr_header(v2, compressed=True) + zlib.compress(_avro(ORDER_V2, new))),
-        ("c", gsr_header(deleted) + _avro(ORDER_V1, old)),  # a version the registry no longer holds
-        ("d", gsr_header(v1, compressed=True) + b"not zlib"),
-        ("e", gsr_header(v1) + _avro(ORDER_V1, old)[:-3]),  # truncated
+        ("a", gsr(v1) + _avro(ORDER_V1, old)),
+        ("b", gsr(v2, compressed=True) + zlib.compress(_avro(ORDER_V2, new))),
+        ("c", gsr(deleted) + _avro(ORDER_V1, old)),  # a version the registry no longer holds
+        ("d", gsr(v1, compressed=True) + b"not zlib"),
+        ("e", gsr(v1) + _avro(ORDER_V1, old)[:-3]),  # truncated
     ])  # fmt: skip
     records = {**RecordSettings("avro", registry={"schema_arn": "arn:aws:glue:r:1:schema/reg/orders"},
                                 max_dead_letter_fraction=1.0).to_dict(),

@@ -19,13 +19,18 @@ from airflow_kinesis_spark.core.records import (
     RecordDecoder,
     RecordSettings,
     decoded_schema,
-    gsr_header,
     resolve_registry,
 )
 from airflow_kinesis_spark.core.record_schemas import parse_ddl, spark_type
 from airflow_kinesis_spark.exceptions import TableCommitError
 from demo.typed_producer import click_descriptor, encode_click, register_schemas, register_second_versions
 from tests.conftest import make_client
+
+def gsr(version_id: str, *, compressed: bool = False) -> bytes:
+    """The AWS Glue Schema Registry header, written out from its documented layout (not the
+    decoder's code): version byte 3, compression 5 (zlib) or 0, the version id's 16 bytes."""
+    return bytes([3, 5 if compressed else 0]) + uuid.UUID(version_id).bytes
+
 
 AVRO = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "id", "type": "long"},
@@ -135,9 +140,9 @@ def test_registry_records_decode_by_the_version_each_names_and_bad_headers_are_d
                          two: {"number": 2, "data_format": "JSON", "definition": json.dumps(v2)}}}  # fmt: skip
     decoder = RecordDecoder(spec)
     assert decoder.schema.names == ["id", "coupon"]
-    records = [gsr_header(two, compressed=True) + zlib.compress(b'{"id": 2, "coupon": "X"}'),
-               gsr_header(one) + b'{"id": 1, "coupon": "ignored: not a field of version 1"}',
-               gsr_header(gone) + b'{"id": 3}', gsr_header(one, compressed=True) + b"plain",
+    records = [gsr(two, compressed=True) + zlib.compress(b'{"id": 2, "coupon": "X"}'),
+               gsr(one) + b'{"id": 1, "coupon": "ignored: not a field of version 1"}',
+               gsr(gone) + b'{"id": 3}', gsr(one, compressed=True) + b"plain",
                bytes([3, 9]) + uuid.UUID(one).bytes + b"{}", b'{"id": 4}', bytes([3, 0, 1])]  # fmt: skip
     out = decoder.decode(records)
     assert out.columns[0].to_pylist()[:2] == [2, 1] and out.columns[1].to_pylist()[:2] == ["X", None]
@@ -165,7 +170,7 @@ def test_protobuf_from_an_inline_descriptor():
     assert out.kinds == [None, None, "malformed_payload"]
     with pytest.raises(ValueError, match=r"record_message 'demo.Nope' is not in the descriptor set \(messages: demo.Meta, demo.Click\)"):
         RecordSettings("protobuf", schema=schema, message="demo.Nope")
-    assert base64.b64decode(schema)  # the descriptor set is what the settings store
+    assert RecordSettings("protobuf", schema=schema, message=message).to_dict()["schema"] == schema  # stored as given
 
 
 def test_resolve_registry_reads_every_available_version_from_glue(moto_endpoint, unique_name):
@@ -180,3 +185,39 @@ def test_resolve_registry_reads_every_available_version_from_glue(moto_endpoint,
     with pytest.raises(ValueError, match=r"holds JSON schemas, but record_format is 'avro'"):
         resolve_registry(glue, RecordSettings("avro", registry={"registry_name": unique_name, "schema_name": "orders-json"}))
     assert pa.types.is_timestamp(decoded_schema(spec).field("placed_at").type)
+
+
+def test_protobuf_enums_maps_unsigned_integers_and_timestamps_have_their_documented_columns():
+    """docs/typed-records.md: enums become their names, google.protobuf.Timestamp a timestamp, maps
+    map columns, uint32 -> bigint, uint64 -> decimal(20,0)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+    files = descriptor_pb2.FileDescriptorSet()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(files.file.add())
+    proto = files.file.add(name="kinds.proto", package="t", syntax="proto3", dependency=["google/protobuf/timestamp.proto"])
+    proto.enum_type.add(name="Kind", value=[descriptor_pb2.EnumValueDescriptorProto(name="A", number=0),
+                                            descriptor_pb2.EnumValueDescriptorProto(name="B", number=1)])  # fmt: skip
+    entry = proto.message_type.add(name="Row").nested_type.add(name="TagsEntry", options=descriptor_pb2.MessageOptions(map_entry=True))
+    entry.field.add(name="key", number=1, type=9, label=1)
+    entry.field.add(name="value", number=2, type=5, label=1)
+    row = proto.message_type[0]
+    row.field.add(name="kind", number=1, type=14, label=1, type_name=".t.Kind")
+    row.field.add(name="tags", number=2, type=11, label=3, type_name=".t.Row.TagsEntry")
+    row.field.add(name="small", number=3, type=13, label=1)  # uint32
+    row.field.add(name="big", number=4, type=4, label=1)  # uint64
+    row.field.add(name="at", number=5, type=11, label=1, type_name=".google.protobuf.Timestamp")
+    schema = base64.b64encode(files.SerializeToString()).decode()
+    decoder = RecordDecoder(RecordSettings("protobuf", schema=schema, message="t.Row").to_dict())
+    assert {f.name: spark_type(f.type) for f in decoder.schema} == {
+        "kind": "string", "tags": "map<string,int>", "small": "bigint", "big": "decimal(20,0)", "at": "timestamp"}
+    pool = descriptor_pool.DescriptorPool()
+    for f in files.file:
+        pool.Add(f)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("t.Row"))
+    value = cls(kind=1, tags={"x": 7}, small=4_000_000_000, big=2**64 - 1)
+    value.at.FromDatetime(datetime(2026, 11, 27, 12, 0, 1, tzinfo=timezone.utc))
+    out = decoder.decode([value.SerializeToString()])
+    row_value = {f.name: c[0].as_py() for f, c in zip(decoder.schema, out.columns)}
+    assert out.kinds == [None]
+    assert row_value == {"kind": "B", "tags": [("x", 7)], "small": 4_000_000_000, "big": Decimal(2**64 - 1),
+                         "at": datetime(2026, 11, 27, 12, 0, 1, tzinfo=timezone.utc)}  # fmt: skip
