@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import importlib
 import ipaddress
 import logging
 import math
@@ -34,7 +33,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from airflow_kinesis_spark.core.planner import BatchPlan
@@ -251,16 +249,6 @@ def connect_session_id(secret: bytes, scope: str, stream_name: str, consumer_nam
     return str(uuid.UUID(bytes=digest[:16], version=4))
 
 
-def _load_job_module() -> ModuleType:
-    """The job, ``airflow_kinesis_spark.job`` (what ``spark_scripts/kinesis_batch.py`` runs), as
-    a module object of the caller's own: a copy of the package's namespace, so a name replaced on
-    it (a test's spy on ``run``) does not change the package for later runs."""
-    package = importlib.import_module("airflow_kinesis_spark.job")
-    job = ModuleType(package.__name__, package.__doc__)
-    job.__dict__.update(vars(package))
-    return job
-
-
 class SparkConnectJob:
     """Run the batch in this process against a running Spark Connect server (no JVM start).
 
@@ -327,8 +315,9 @@ class SparkConnectJob:
 
         from airflow_kinesis_spark.core.transform import resolve_transform
 
+        from airflow_kinesis_spark import job  # what spark_scripts/kinesis_batch.py runs
+
         s = self.settings
-        job = _load_job_module()
         transform = resolve_transform(s.transform, s.transform_allowed_modules) if s.transform else None
         connect_hook = SparkConnectHook(conn_id=s.spark_conn_id)
         url = connect_hook.get_connection_url()

@@ -186,30 +186,24 @@ class OtherClient:
 @pytest.fixture
 def job_credentials_seen(monkeypatch):
     """The AWS environment each batch's job got, in order (from the runner's call of the job)."""
-    from airflow_kinesis_spark.hooks import spark_connect as runners
+
+    from airflow_kinesis_spark import job
 
     seen: list[dict[str, str]] = []
     hooks: list[Any] = []
-    load = runners._load_job_module
+    job_run = job.run
 
-    def spying_load():
-        job = load()
-        run = job.run
+    def spy(spark, plan, transform, aws_env, options, *args, **kwargs):
+        if aws_env.get("AWS_SESSION_TOKEN"):
+            # moto hands out the same example credentials for every GetFederationToken (and
+            # checks no token): a token of this batch's own tells the batches apart.
+            aws_env = {**aws_env, "AWS_SESSION_TOKEN": f"{aws_env['AWS_SESSION_TOKEN']}-batch-{secrets.token_hex(4)}"}
+        seen.append({k: aws_env[k] for k in CREDENTIAL_KEYS if k in aws_env})
+        for hook in hooks:
+            hook()
+        return job_run(spark, plan, transform, aws_env, options, *args, **kwargs)
 
-        def spy(spark, plan, transform, aws_env, options, *args, **kwargs):
-            if aws_env.get("AWS_SESSION_TOKEN"):
-                # moto hands out the same example credentials for every GetFederationToken (and
-                # checks no token): a token of this batch's own tells the batches apart.
-                aws_env = {**aws_env, "AWS_SESSION_TOKEN": f"{aws_env['AWS_SESSION_TOKEN']}-batch-{secrets.token_hex(4)}"}
-            seen.append({k: aws_env[k] for k in CREDENTIAL_KEYS if k in aws_env})
-            for hook in hooks:
-                hook()
-            return run(spark, plan, transform, aws_env, options, *args, **kwargs)
-
-        job.run = spy
-        return job
-
-    monkeypatch.setattr(runners, "_load_job_module", spying_load)
+    monkeypatch.setattr(job, "run", spy)
     return seen, hooks
 
 

@@ -43,24 +43,18 @@ def consumer_session_id(stream: str, consumer: str) -> str:
 def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name, tmp_path, capfd, monkeypatch):
     from pyspark import cloudpickle
 
-    from airflow_kinesis_spark.hooks import spark_connect as runners
+
+    from airflow_kinesis_spark import job
 
     shipped: list[bytes] = []
-    load = runners._load_job_module
+    job_run = job.run
 
-    def spying_load():  # what goes to the server: the pickled read function and its arguments
-        job = load()
-        run = job.run
+    def spy(spark, plan, transform, aws_env, options):  # what goes to the server: the pickled read function and its arguments
+        shipped.append(cloudpickle.dumps(job.make_reader_function(plan["stream_name"], aws_env, options)))
+        shipped.append(json.dumps([plan, aws_env, options]).encode())
+        return job_run(spark, plan, transform, aws_env, options)
 
-        def spy(spark, plan, transform, aws_env, options):
-            shipped.append(cloudpickle.dumps(job.make_reader_function(plan["stream_name"], aws_env, options)))
-            shipped.append(json.dumps([plan, aws_env, options]).encode())
-            return run(spark, plan, transform, aws_env, options)
-
-        job.run = spy
-        return job
-
-    monkeypatch.setattr(runners, "_load_job_module", spying_load)
+    monkeypatch.setattr(job, "run", spy)
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"10.1.1.{i % 9}", f"line {i}".encode()) for i in range(120)])
     produced += put_aggregated(kinesis, unique_name, [(f"10.1.1.{i % 4}", f"agg {i}".encode()) for i in range(80)])
@@ -277,7 +271,6 @@ def test_a_connect_server_that_stops_answering_mid_job_fails_the_task_within_its
 
     import psutil
 
-    from airflow_kinesis_spark.hooks import spark_connect as runners
     from demo.stack import spark_connect_server
     from tests.reliability.fault_proxy import FaultProxy
 
@@ -289,20 +282,15 @@ def test_a_connect_server_that_stops_answering_mid_job_fails_the_task_within_its
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
         "conn_type": "aws", "login": TEST_ACCESS_KEY, "password": TEST_SECRET_KEY,
         "extra": {"region_name": REGION, "endpoint_url": proxy.endpoint}}))  # fmt: skip
-    load = runners._load_job_module
+    from airflow_kinesis_spark import job
 
-    def arming_load():  # the server's first GetRecords is held once the job runs
-        job = load()
-        run = job.run
+    job_run = job.run
 
-        def armed(*args, **kwargs):
-            proxy.hold = ("GetRecords", "", "before")
-            return run(*args, **kwargs)
+    def armed(*args, **kwargs):  # the server's first GetRecords is held once the job runs
+        proxy.hold = ("GetRecords", "", "before")
+        return job_run(*args, **kwargs)
 
-        job.run = armed
-        return job
-
-    monkeypatch.setattr(runners, "_load_job_module", arming_load)
+    monkeypatch.setattr(job, "run", armed)
     with spark_connect_server(cores=1) as (host, port):
         (pid,) = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
         monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DOWN", json.dumps(
