@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 UV_VERSION := 0.13.8
 KINESALITE_VERSION := 3.3.3
 NODE_DIR := .cache/node
+KINESALITE_10MIB := $(NODE_DIR)/.kinesalite-$(KINESALITE_VERSION)-10mib-records
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # The Spark job also runs on Spark 3.5 (EMR 7, Glue 5, Databricks LTS): tests/spark run a second
@@ -72,11 +73,27 @@ postgres:
 	fi
 
 # kinesalite (a second, more faithful Kinesis emulator) for the integration tests.
-kinesalite: $(NODE_DIR)/node_modules/.bin/kinesalite
+kinesalite: $(KINESALITE_10MIB)
 $(NODE_DIR)/node_modules/.bin/kinesalite:
 	@command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm)
 	mkdir -p $(NODE_DIR)
 	cd $(NODE_DIR) && npm install --no-save --no-package-lock --no-audit --no-fund --loglevel=error kinesalite@$(KINESALITE_VERSION)
+
+# Records up to 10 MiB (Kinesis since October 2025: MaxRecordSizeInKiB up to 10,240; PutRecords
+# requests up to 10 MiB). kinesalite has no option for either limit: it refuses a record's Data over
+# 1 MiB (validations/putRecord.js and putRecords.js, lengthLessThanOrEqual 1048576) and a request
+# body over 7 MiB (index.js, MAX_REQUEST_BYTES; a 10 MiB record is about 13.4 MiB of JSON's
+# base64). This raises both to the service's maxima in the pinned version's files, fails on any
+# other version or content, and is idempotent. A stream's own MaxRecordSizeInKiB (default 1,024,
+# UpdateMaxRecordSize) is the limits proxy's to enforce (benchmarks/kinesis_limits.py).
+$(KINESALITE_10MIB): $(NODE_DIR)/node_modules/.bin/kinesalite
+	cd $(NODE_DIR)/node_modules/kinesalite && grep -q '"version": "$(KINESALITE_VERSION)"' package.json \
+	  && sed -i 's/lengthLessThanOrEqual: 1048576,$$/lengthLessThanOrEqual: 10485760,/' validations/putRecord.js validations/putRecords.js \
+	  && sed -i 's/^var MAX_REQUEST_BYTES = 7 \* 1024 \* 1024$$/var MAX_REQUEST_BYTES = 16 * 1024 * 1024/' index.js \
+	  && grep -q 'lengthLessThanOrEqual: 10485760,' validations/putRecord.js && grep -q 'lengthLessThanOrEqual: 10485760,' validations/putRecords.js \
+	  && ! grep -q 1048576, validations/putRecord.js validations/putRecords.js \
+	  && grep -qx 'var MAX_REQUEST_BYTES = 16 \* 1024 \* 1024' index.js
+	touch $@
 
 demo: venv
 	$(PY) -m demo.run_demo
