@@ -16,6 +16,13 @@ answers like the service (Kinesis API reference, GetRecords and GetShardIterator
   would serve;
 * **5 GetShardIterator calls per second per shard**;
 * **shard iterators expire 5 minutes** after they were issued: ``ExpiredIteratorException``;
+* **records up to the stream's MaxRecordSizeInKiB** (1,024 until ``UpdateMaxRecordSize`` sets
+  1,024..10,240; Kinesis API reference, UpdateMaxRecordSize and PutRecords): the proxy answers
+  ``UpdateMaxRecordSize`` itself, adds ``MaxRecordSizeInKiB`` to ``DescribeStreamSummary``, and
+  refuses a ``PutRecord`` / ``PutRecords`` record over it (``ValidationException``) and a
+  ``PutRecords`` request over 10 MiB (``InvalidArgumentException``). The emulator must store
+  what the stream allows (``make kinesalite`` lets kinesalite take records up to 10 MiB; moto
+  refuses records over 1 MiB whatever the setting);
 * **SubscribeToShard** (enhanced fan-out), which no emulator serves, is answered by the proxy from
   the emulator's records with the one local SubscribeToShard, :class:`demo.subscribe.ShardSubscriptions`:
   an event stream botocore reads, paced to 2 MiB/s per consumer and shard (a budget of its own,
@@ -56,6 +63,13 @@ MIB = 1024 * 1024
 
 #: The path (GET) on which the proxy answers its own counts, for :class:`LimitsProxyProcess`.
 STATE_PATH = "/_limits_proxy/state"
+
+#: A stream's largest record, in KiB, until ``UpdateMaxRecordSize`` changes it, and the range that
+#: call takes (Kinesis API reference, UpdateMaxRecordSize; DescribeStreamSummary reports it).
+DEFAULT_MAX_RECORD_KIB = 1024
+MAX_RECORD_KIB_RANGE = (1024, 10240)
+#: A PutRecords request's data and partition keys at most (Kinesis API reference, PutRecords).
+PUT_RECORDS_MAX_BYTES = 10 * MIB
 
 
 def _behind(response: dict) -> None:
@@ -133,6 +147,8 @@ class ThrottlingProxy(ForwardingProxy):
         #: shard iterator -> (stream, shard, monotonic time it was issued)
         self.iterators: dict[str, tuple[str, str, float]] = {}
         self.stats: Counter[str] = Counter()
+        #: stream name -> MaxRecordSizeInKiB set by UpdateMaxRecordSize (else DEFAULT_MAX_RECORD_KIB)
+        self.max_record_kib: dict[str, int] = {}
         #: stream -> [first GetRecords arrival, last GetRecords response] (monotonic seconds), of
         #: calls with ``Limit`` > 1: the operator's probes (``Limit`` 1, before Spark starts) are
         #: not part of the read.
@@ -201,6 +217,8 @@ class ThrottlingProxy(ForwardingProxy):
         operation = target.partition(".")[2]
         if not target and request.path == STATE_PATH:
             self.answer(request, 200, [("Content-Type", "application/json")], json.dumps(self.state()).encode())
+        elif operation in ("UpdateMaxRecordSize", "PutRecord", "PutRecords"):
+            self._record_size(request, body, operation)
         elif operation == "GetShardIterator":
             self._get_shard_iterator(request, body)
         elif operation == "GetRecords":
@@ -209,6 +227,65 @@ class ThrottlingProxy(ForwardingProxy):
             self.subscriptions.subscribe(request, body)
         else:
             self.answer(request, *self.forward(request, body))
+
+    # -- record sizes (MaxRecordSizeInKiB) --------------------------------------------------------
+
+    def forward(self, request: BaseHTTPRequestHandler, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        """:meth:`ForwardingProxy.forward`; a DescribeStreamSummary answer gets the stream's
+        ``MaxRecordSizeInKiB``, which the emulators do not report."""
+        status, headers, payload = super().forward(request, body)
+        if status == 200 and request.headers.get("X-Amz-Target", "").endswith(".DescribeStreamSummary"):
+            answer = json.loads(payload)
+            summary = answer.get("StreamDescriptionSummary", {})
+            with self.lock:
+                summary["MaxRecordSizeInKiB"] = self.max_record_kib.get(summary.get("StreamName", ""), DEFAULT_MAX_RECORD_KIB)
+            payload = json.dumps(answer).encode()
+        return status, headers, payload
+
+    def max_record_bytes(self, stream: str) -> int:
+        """The largest record ``stream`` takes (bytes of data)."""
+        with self.lock:
+            return self.max_record_kib.get(stream, DEFAULT_MAX_RECORD_KIB) * 1024
+
+    def _record_size(self, request: BaseHTTPRequestHandler, body: bytes, operation: str) -> None:
+        """``UpdateMaxRecordSize`` answered here (the stream must exist upstream); ``PutRecord`` and
+        ``PutRecords`` checked against the stream's MaxRecordSizeInKiB, then forwarded."""
+        args = json.loads(body or b"{}")
+        stream = str(args.get("StreamName") or str(args.get("StreamARN") or "").rpartition("/")[2])
+        if operation == "UpdateMaxRecordSize":
+            kib = args.get("MaxRecordSizeInKiB")
+            low, high = MAX_RECORD_KIB_RANGE
+            if not isinstance(kib, int) or not low <= kib <= high:
+                self.answer_error(request, 400, "ValidationException", f"1 validation error detected: Value '{kib}' at "
+                                  f"'maxRecordSizeInKiB' failed to satisfy constraint: Member must have value between {low} and {high}")  # fmt: skip
+                return
+            status, headers, payload = self.call_upstream(
+                "POST", "/", json.dumps({"StreamName": stream}).encode(),
+                {**dict(request.headers.items()), "X-Amz-Target": "Kinesis_20131202.DescribeStreamSummary"},
+            )  # fmt: skip
+            if status != 200:
+                self.answer(request, status, headers, payload)
+                return
+            with self.lock:
+                self.max_record_kib[stream] = kib
+                self.stats["UpdateMaxRecordSize"] += 1
+            self.answer(request, 200, [("Content-Type", "application/x-amz-json-1.1")], b"{}")
+            return
+        entries = args.get("Records", []) if operation == "PutRecords" else [args]
+        limit = self.max_record_bytes(stream)
+        sizes = [_decoded_size(str(e.get("Data") or "")) for e in entries]
+        for i, size in enumerate(sizes):
+            if size > limit:
+                where = f"records.{i + 1}.member.data" if operation == "PutRecords" else "data"
+                self.answer_error(request, 400, "ValidationException", f"1 validation error detected: Value at '{where}' "
+                                  f"failed to satisfy constraint: Member must have length less than or equal to {limit}")  # fmt: skip
+                return
+        total = sum(sizes) + sum(len(str(e.get("PartitionKey") or "").encode()) for e in entries)
+        if operation == "PutRecords" and total > PUT_RECORDS_MAX_BYTES:
+            self.answer_error(request, 400, "InvalidArgumentException",
+                              f"Records size exceeds {PUT_RECORDS_MAX_BYTES // MIB} MiB limit: {total} bytes")  # fmt: skip
+            return
+        self.answer(request, *self.forward(request, body))
 
     def _throttled(self, request: BaseHTTPRequestHandler, operation: str, stream: str, shard: str) -> None:
         with self.lock:
@@ -242,7 +319,8 @@ class ThrottlingProxy(ForwardingProxy):
         Asked for ``Limit`` records, an emulator serializes them all (moto: the whole rest of the
         shard for ``Limit=10000``), which the service never does; left so, the cost of that work
         would fall on consumers asking for large ``Limit``. The size of a piece comes from the
-        largest record seen on the shard (the first piece of a shard: 10 records).
+        largest record seen on the shard (the first piece of a shard: 10 records, or one on a
+        stream whose MaxRecordSizeInKiB is 10,240).
 
         :returns: ``(status, headers, payload, response, cut)``: ``payload`` is the emulator's
             own body when one piece answered the call uncut, else ``None`` (``response`` is then
@@ -258,7 +336,9 @@ class ThrottlingProxy(ForwardingProxy):
             with self.lock:
                 largest = self._largest.get((stream, shard))
             room = limit - len(records)
-            ask = min(room, 10 if largest is None else max(1, (cap - total) // largest))
+            # The first piece of a shard: 10 records, or as many of the stream's largest records as fit.
+            first = max(1, min(10, cap // self.max_record_bytes(stream)))
+            ask = min(room, first if largest is None else max(1, (cap - total) // largest))
             status, headers, payload = self.forward(
                 request, json.dumps({"ShardIterator": iterator, "Limit": ask}).encode()
             )
