@@ -73,7 +73,7 @@ from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, moto_server, spark_
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "1g"}
 
 #: Sections in the order they run (``--only`` picks some).
-SECTIONS = ("throttled", "unthrottled", "fixed_cost", "scale", "shared", "freshness", "memory", "typed")
+SECTIONS = ("throttled", "unthrottled", "fixed_cost", "scale", "shared", "freshness", "memory", "typed", "peers")
 
 
 def fixed_heap_conf(heap: str, gc_log: Path | None = None) -> dict[str, str]:
@@ -783,6 +783,14 @@ def section_typed(b: Bench) -> dict[str, Any]:
     return result
 
 
+def section_peers(b: Bench) -> dict[str, Any]:
+    """9. Peers (``benchmarks/peers.py``): ours, async-kinesis and the naive consumer on one backlog, each in a
+    process of its own behind a limits proxy of its own, throttled and unthrottled."""
+    from benchmarks.peers import run_peers
+
+    return run_peers(b.kinesis, b.moto, b.lines, b.work, shards=b.args.shards, mib=b.args.peers_mib, new_stream=new_stream, log=b.log)
+
+
 def headline(results: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of the sections that ran (the last line ``make bench`` prints)."""
     h: dict[str, Any] = {}
@@ -825,6 +833,10 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         h["freshness"] = {k: results["freshness"][k] for k in ("p50_s", "p95_s", "batches")}
     if "typed" in results:
         h["typed"] = typed_headline(results["typed"])
+    if "peers" in results:
+        from benchmarks.peers import peers_headline
+
+        h["peers"] = peers_headline(results["peers"])
     return h
 
 
@@ -866,6 +878,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--typed-unthrottled-mib", type=float, default=160.0,
                         help="each typed backlog read warm by a raw and a typed consumer")
     parser.add_argument("--typed-repeat", type=int, default=3, help="typed unthrottled runs of each format (median of the ratios)")
+    parser.add_argument("--peers-mib", type=float, default=160.0, help="the backlog each peer consumer reads, throttled and not")
     parser.add_argument("--output", default=None, help="the report (default docs/benchmarks.md; with --only, none)")
     args = parser.parse_args(argv)
     only = args.only or list(SECTIONS)
@@ -887,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.connect = stack.enter_context(spark_connect_server(cores=2))
         sections = {"throttled": section_throttled, "unthrottled": section_unthrottled, "fixed_cost": section_fixed_cost,
                     "scale": section_scale, "shared": section_shared, "freshness": section_freshness,
-                    "memory": section_memory, "typed": section_typed}  # fmt: skip
+                    "memory": section_memory, "typed": section_typed, "peers": section_peers}  # fmt: skip
         for name in SECTIONS:
             if name in only:
                 started = time.monotonic()
@@ -905,6 +918,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.typed import add_to_report
 
             add_to_report(Path(output), results)
+        if results.get("peers") is not None:  # its section and targets (benchmarks/peers.py)
+            from benchmarks.peers import add_to_report as add_peers
+
+            add_peers(Path(output), results)
         bench.log(f"report written to {output}")
     print(json.dumps(results["headline"]), flush=True)
     return 0
