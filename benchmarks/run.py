@@ -25,7 +25,7 @@ subset, and then writes the report only when ``--output`` is given):
    records also go, warm, to an Iceberg table (SQL catalog on SQLite) and a Delta table (own
    consumers): the table commit's cost is their batch's wall time beyond the Parquet batch's.
 4. **scale** in shards (``benchmarks/scale.py``): the no-data run and a warm small batch at 4,
-   64 and 256 shards.
+   64, 256, 1,024 and 4,096 shards, and the Kinesis calls per idle shard.
 5. **shared** stream: three consumers with their own checkpoints read one backlog at once,
    polling (they share each shard's 2 MiB/s) and with enhanced fan-out (2 MiB/s per shard each).
 6. **freshness** (``benchmarks/freshness.py``, when present).
@@ -65,6 +65,7 @@ import boto3
 import psutil
 
 from benchmarks.kinesis_limits import MIB, KinesisLimits, LimitsProxyProcess
+from benchmarks.scale import SHARD_COUNTS as SCALE_SHARD_COUNTS
 from benchmarks.typed import FORMATS as TYPED_FORMATS
 from benchmarks.typed import Orders, decode_cost, record_sizes, record_settings, typed_headline
 from benchmarks.workload import access_log_lines, load_backlog, naive_consume
@@ -864,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small-records", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5, help="runs of each fixed-cost measurement (median)")
     parser.add_argument("--unthrottled-repeat", type=int, default=5, help="unthrottled runs of each consumer (median of the ratios)")
-    parser.add_argument("--scale-shards", type=lambda s: [int(x) for x in s.split(",")], default=[4, 64, 256],
+    parser.add_argument("--scale-shards", type=lambda s: [int(x) for x in s.split(",")], default=list(SCALE_SHARD_COUNTS),
                         help="shard counts of the scale section (comma-separated)")
     parser.add_argument("--scale-records-per-shard", type=int, default=20)
     parser.add_argument("--scale-repeat", type=int, default=3, help="runs of each scale measurement (median)")

@@ -1,6 +1,7 @@
-"""``make bench`` section "scale in shards": the fixed cost of a micro-batch at 4, 64 and 256 shards.
+"""``make bench`` section "scale in shards": the fixed cost of a micro-batch at 4 to 4,096 shards.
 
-Issue 17 (item 5): per shard count, on a fresh moto stream behind the limits proxy,
+Issue 17 (item 5) and issue 31 (item 2): per shard count, on a fresh moto stream behind the
+limits proxy,
 
 * a **no-data run**: the operator's ``execute`` when no record arrived since the last batch
   (list shards, read the committed checkpoints, plan, one probe per shard, no Spark job, no
@@ -14,8 +15,13 @@ measured runs each stream gets an unmeasured first run (creates the checkpoint t
 the new shards' starting positions) and an unmeasured small batch (the Spark Connect session
 has run this stream's batch shape once), as a running pipeline would have.
 
+Each entry also gives ``kinesis_calls_per_idle_shard``: the Kinesis calls the operator made in a
+no-data run (every shard idle) divided by the shard count.
+
 Targets: the no-data run at 256 shards under 2 s; the warm small batch at 256 shards within 3x
-the 4-shard one.
+the 4-shard one (issue 17); the time per shard at the largest count at most 1.2x that at 256
+shards, for the no-data run and the small batch; fewer than 2 Kinesis calls per idle shard
+(issue 31).
 """
 
 from __future__ import annotations
@@ -33,10 +39,13 @@ import psutil
 
 from benchmarks.workload import load_backlog
 
-__all__ = ["SHARD_COUNTS", "run_scale", "scale_markdown", "scale_targets"]
+__all__ = ["SHARD_COUNTS", "calls_per_idle_shard", "run_scale", "scale_headline", "scale_markdown", "scale_targets"]
 
-#: The shard counts of the section (issue 17, item 5).
-SHARD_COUNTS = (4, 64, 256)
+#: The shard counts of the section (issue 17, item 5; 1,024 and 4,096: issue 31, item 2).
+SHARD_COUNTS = (4, 64, 256, 1024, 4096)
+#: The shard count the larger ones' time per shard is compared with (issue 31's target: at most 1.2x).
+BASE_SHARDS = 256
+PER_SHARD_MAX_RATIO = 1.2
 
 
 class _PoolWarnings(logging.Handler):
@@ -189,22 +198,44 @@ def run_scale(
     }
 
 
+def calls_per_idle_shard(figures: Mapping[str, Any], shards: int) -> float:
+    """The median, over the no-data runs of one shard count, of the operator's Kinesis calls
+    divided by ``shards`` (every shard is idle in a no-data run)."""
+    counts = [sum(n for op, n in calls.items() if op.startswith("kinesis.")) for calls in figures.get("no_data_calls") or []]
+    return round(statistics.median(counts) / shards, 3) if counts else float("nan")
+
+
 def scale_headline(scale: dict[str, Any]) -> dict[str, Any]:
-    """The headline's ``scale`` field: per shard count, the median no-data run and small batch (s)."""
-    return {k: {"no_data_s": round(v["no_data"], 2), "small_batch_s": round(v["small"], 2)} for k, v in scale["median_s"].items()}
+    """The headline's ``scale`` field: per shard count, the median no-data run and small batch
+    (s) and the Kinesis calls per idle shard of a no-data run."""
+    return {
+        k: {"no_data_s": round(v["no_data"], 2), "small_batch_s": round(v["small"], 2),
+            "kinesis_calls_per_idle_shard": calls_per_idle_shard(scale["runs"][k], int(k))}
+        for k, v in scale["median_s"].items()
+    }  # fmt: skip
 
 
 def scale_targets(scale: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """Issue 17's targets for the section, each with the measured value and whether it is met."""
+    """Issues 17's and 31's targets for the section, each with the measured value and whether it is met."""
     medians = scale["median_s"]
     counts = sorted(medians, key=int)
     low, high = counts[0], counts[-1]
-    ratio = medians[high]["small"] / medians[low]["small"]
-    return [
-        (f"no-data run at {high} shards < 2 s", f"{medians[high]['no_data']:.2f} s", medians[high]["no_data"] < 2.0),
-        (f"warm small batch at {high} shards <= 3x the {low}-shard one", f"{ratio:.2f}x", ratio <= 3.0),
+    base = str(BASE_SHARDS) if str(BASE_SHARDS) in medians else high
+    ratio = medians[base]["small"] / medians[low]["small"]
+    targets = [
+        (f"no-data run at {base} shards < 2 s", f"{medians[base]['no_data']:.2f} s", medians[base]["no_data"] < 2.0),
+        (f"warm small batch at {base} shards <= 3x the {low}-shard one", f"{ratio:.2f}x", ratio <= 3.0),
         ("no connection-pool warnings", str(scale["pool_full_warnings"]), scale["pool_full_warnings"] == 0),
     ]
+    if int(high) > int(base):
+        for kind, words in (("no_data", "no-data run"), ("small", "warm small batch")):
+            per_shard = (medians[high][kind] / int(high)) / (medians[base][kind] / int(base))
+            targets.append((f"{words}: time per shard at {high} shards <= {PER_SHARD_MAX_RATIO}x that at {base}",
+                            f"{per_shard:.2f}x", per_shard <= PER_SHARD_MAX_RATIO))  # fmt: skip
+    worst = max((calls_per_idle_shard(scale["runs"][k], int(k)), k) for k in counts)
+    targets.append(("fewer than 2 Kinesis calls per idle shard (no-data run, every shard count)",
+                    f"{worst[0]:g} (at {worst[1]} shards)", worst[0] < 2))  # fmt: skip
+    return targets
 
 
 def scale_markdown(scale: dict[str, Any]) -> list[str]:
@@ -224,8 +255,8 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
         )
     calls_rows = [
         "| shards | no-data run: the operator's calls, Kinesis / DynamoDB | small batch: the operator's calls, Kinesis / "
-        "DynamoDB | small batch: Kinesis reads, the Spark job's included |",
-        "| --- | --- | --- | --- |",
+        "DynamoDB | small batch: Kinesis reads, the Spark job's included | Kinesis calls per idle shard (no-data run) |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for shards, figures in sorted(scale["runs"].items(), key=lambda kv: int(kv[0])):
         if not figures.get("no_data_calls"):
@@ -236,7 +267,7 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
             per_service = [sum(n for k, n in last.items() if k.startswith(f"{service}.")) for service in ("kinesis", "dynamodb")]
             cells.append(" / ".join(map(str, per_service)))
         reads = figures.get("small_kinesis_reads") or [0]
-        calls_rows.append(f"| {shards} | {cells[0]} | {cells[1]} | {reads[-1]} |")
+        calls_rows.append(f"| {shards} | {cells[0]} | {cells[1]} | {reads[-1]} | {calls_per_idle_shard(figures, int(shards)):g} |")
     calls_part = [
         "",
         "API calls of the last run of each kind (counted in the operator's process: probes, shard listing, checkpoint "
@@ -258,7 +289,7 @@ def scale_markdown(scale: dict[str, Any]) -> list[str]:
         f"\"Connection pool is full\" warnings logged during the section: {scale['pool_full_warnings']}. A no-data "
         "run's probe of a shard is a `GetShardIterator` and one `GetRecords` (`Limit` 2 when the checkpoint points into a "
         "KPL aggregate, as here: the probe re-reads that Kinesis record, which holds no new user record; a response short "
-        "of its `Limit` at `MillisBehindLatest` 0 tells the shard is caught up): 512 calls at 256 shards. Every call "
+        "of its `Limit` at `MillisBehindLatest` 0 tells the shard is caught up): two calls per idle shard. Every call "
         "costs the emulator (moto in server mode, one process) and the limits proxy (a process of its own, as the "
         "service is elsewhere than its callers) CPU time of their own, on the same 2 cores as the operator: the CPU "
         "column gives each process's CPU seconds during a no-data run; the service has no such cost on the caller's "
