@@ -17,10 +17,11 @@ No Airflow import.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from airflow_kinesis_spark.core.chunks import item_key
 from airflow_kinesis_spark.core.planner import BatchPlan
@@ -30,13 +31,16 @@ from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
 # The store's logger, not this module's: see the module docstring.
 log = logging.getLogger("airflow_kinesis_spark.core.store")
 
-__all__ = ["BATCH_WRITE_MAX_ITEMS", "BATCH_WRITE_ATTEMPTS", "mirror_leases"]
+__all__ = ["BATCH_WRITE_MAX_ITEMS", "BATCH_WRITE_ATTEMPTS", "BATCH_WRITE_FIRST_PAUSE", "mirror_leases"]
 
 #: Put requests per ``BatchWriteItem`` call (DynamoDB API reference, BatchWriteItem: up to 25).
 BATCH_WRITE_MAX_ITEMS = 25
 #: Attempts of a ``BatchWriteItem`` call's unprocessed items (the service returns them when a
-#: partition's throughput is exceeded; botocore does not retry them), 0.05 s, 0.1 s, ... apart.
+#: partition's throughput is exceeded; botocore does not retry them), 0.05 s, 0.1 s, ... apart
+#: (DynamoDB API reference, BatchWriteItem: retry unprocessed items with exponential backoff).
 BATCH_WRITE_ATTEMPTS = 5
+#: Seconds before the second attempt; each later pause doubles it.
+BATCH_WRITE_FIRST_PAUSE = 0.05
 
 
 def mirror_leases(
@@ -54,6 +58,10 @@ def mirror_leases(
     per-item condition: two runs of one consumer that commit within the moment between the
     head update and the write could leave an item one batch behind until the next commit;
     the mirror is for people and tools, the head is what the protocol reads.
+
+    Items a call leaves unprocessed (``UnprocessedItems``) are written again, with tenacity, up
+    to :data:`BATCH_WRITE_ATTEMPTS` calls, :data:`BATCH_WRITE_FIRST_PAUSE` seconds apart and
+    doubling; any left after that, and a call that fails, are a warning.
     """
     puts = []
     for shard_id in sorted({r.shard_id for r in plan.ranges}):
@@ -75,16 +83,24 @@ def mirror_leases(
 
     def write(chunk: list[dict[str, Any]]) -> None:
         requests = [{"PutRequest": {"Item": item}} for item in chunk]
+
+        def put() -> list[dict[str, Any]]:  # the requests still unprocessed after this call
+            nonlocal requests
+            unprocessed = client.batch_write_item(RequestItems={table_name: requests}).get("UnprocessedItems", {})
+            requests = unprocessed.get(table_name, [])
+            return requests
+
+        # tenacity: again while items are left, up to BATCH_WRITE_ATTEMPTS calls; a failed call
+        # is not retried (botocore's retries are behind it); the last answer is kept when
+        # items are still left (retry_error_callback), not an error.
+        retrying = Retrying(retry=retry_if_result(bool), stop=stop_after_attempt(BATCH_WRITE_ATTEMPTS),
+                            wait=wait_exponential(multiplier=BATCH_WRITE_FIRST_PAUSE),
+                            retry_error_callback=lambda state: state.outcome.result() if state.outcome else requests)  # fmt: skip
         try:
-            for attempt in range(BATCH_WRITE_ATTEMPTS):
-                if attempt:
-                    time.sleep(0.05 * 2 ** (attempt - 1))
-                unprocessed = client.batch_write_item(RequestItems={table_name: requests}).get("UnprocessedItems", {})
-                requests = unprocessed.get(table_name, [])
-                if not requests:
-                    return
-            log.warning("could not update the KCL-style lease mirror of %d shards (unprocessed after %d attempts)",
-                        len(requests), BATCH_WRITE_ATTEMPTS)  # fmt: skip
+            left = retrying(put)
+            if left:
+                log.warning("could not update the KCL-style lease mirror of %d shards (unprocessed after %d attempts)",
+                            len(left), BATCH_WRITE_ATTEMPTS)  # fmt: skip
         except Exception as err:  # noqa: BLE001 - the mirror is derived data
             log.warning("could not update the KCL-style lease mirror of %d shards (%s ... %s): %s",
                         len(chunk), chunk[0]["leaseKey"]["S"], chunk[-1]["leaseKey"]["S"], err)  # fmt: skip

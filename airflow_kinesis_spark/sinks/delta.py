@@ -34,6 +34,8 @@ from datetime import date, datetime, timezone
 from typing import Any
 from urllib.parse import unquote
 
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
+
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.exceptions import TableCommitError
 from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, Sink, TableCommit, plan_marker
@@ -156,7 +158,7 @@ class DeltaSink(Sink):
     def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
         """Commit batch ``plan``'s files with its transaction identifier, unless the table has it.
         A commit that conflicts with a concurrent writer's is retried on the reloaded table
-        (after the same check), up to :data:`COMMIT_ATTEMPTS` times.
+        (after the same check), at once, up to :data:`COMMIT_ATTEMPTS` times (tenacity).
 
         :raises TableCommitError: no data file, a file outside the table, or a schema mismatch.
         :raises deltalake.exceptions.CommitFailedError: still conflicting after the last attempt.
@@ -165,7 +167,8 @@ class DeltaSink(Sink):
         from deltalake.exceptions import CommitFailedError
 
         app = app_id(stream_name_of(plan.stream_name), plan.consumer_name)
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+
+        def attempt() -> TableCommit:
             table = self.load()
             if table is not None:
                 done = table.transaction_version(app)
@@ -179,14 +182,16 @@ class DeltaSink(Sink):
                 custom_metadata={"kinesis-spark.stream": stream_name_of(plan.stream_name), "kinesis-spark.consumer": plan.consumer_name,
                                  "kinesis-spark.batch-id": str(plan.batch_id), PLAN_KEY: plan_marker(plan)},  # fmt: skip
             )
-            try:
-                return self._commit(table, plan, properties, removes=[])
-            except (CommitFailedError, _TableExists) as err:
-                if attempt == COMMIT_ATTEMPTS:
-                    raise
-                log.warning("table %s: commit conflicted with another writer (%s); retrying on the reloaded table "
-                            "(attempt %d of %d)", self.uri, err, attempt + 1, COMMIT_ATTEMPTS)  # fmt: skip
-        raise AssertionError("unreachable")
+            return self._commit(table, plan, properties, removes=[])
+
+        def conflicted(state: RetryCallState) -> None:
+            err = state.outcome.exception() if state.outcome is not None else None
+            log.warning("table %s: commit conflicted with another writer (%s); retrying on the reloaded table "
+                        "(attempt %d of %d)", self.uri, err, state.attempt_number + 1, COMMIT_ATTEMPTS)  # fmt: skip
+
+        # tenacity: at once, each attempt on the reloaded table, which is checked for the batch first.
+        return Retrying(retry=retry_if_exception_type((CommitFailedError, _TableExists)), stop=stop_after_attempt(COMMIT_ATTEMPTS),
+                        before_sleep=conflicted, reraise=True)(attempt)  # fmt: skip
 
     def _batch_version(self, table: Any, plan: Any, done: int) -> int:
         """The version whose commit added batch ``plan`` (its own plan), from the commit info of

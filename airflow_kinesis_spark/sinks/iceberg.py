@@ -26,9 +26,10 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.names import stream_name_of
@@ -49,8 +50,17 @@ SUMMARY_PLAN = "kinesis-spark.plan-created-at"
 #: The default partition spec: a day of arrival per partition.
 DEFAULT_PARTITION = ("day(approximate_arrival_timestamp)",)
 
-#: Attempts of a table commit that conflicts with another writer's (each on the refreshed table).
+#: Attempts of a table commit that conflicts with another writer's (each on the refreshed table);
+#: pyiceberg's own retries of a snapshot commit (table property ``commit.retry.num-retries``)
+#: happen inside each attempt.
 COMMIT_ATTEMPTS = 5
+#: Seconds before the second attempt of a table commit; one more of them before each later one.
+COMMIT_PAUSE = 0.05
+
+
+def _error(state: RetryCallState) -> BaseException | None:
+    """The exception of the attempt that tenacity is about to retry."""
+    return state.outcome.exception() if state.outcome is not None else None
 
 
 
@@ -156,7 +166,8 @@ class IcebergSink(Sink):
 
         :raises TableCommitError: no data file, or the files do not fit the table (schema).
         :raises pyiceberg.exceptions.CommitFailedException: still conflicting after
-            :data:`COMMIT_ATTEMPTS` attempts.
+            :data:`COMMIT_ATTEMPTS` attempts (with tenacity, :data:`COMMIT_PAUSE` seconds times the
+            failed attempt's number apart; each on the reloaded table, searched for the batch first).
         """
         properties = {SUMMARY_STREAM: stream_name_of(plan.stream_name), SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_BATCH: str(plan.batch_id),
                       SUMMARY_PLAN: plan_marker(plan)}  # fmt: skip
@@ -308,13 +319,17 @@ class IcebergSink(Sink):
 
         :returns: ``table``, ``files_before``, ``files_after``, ``rows``, ``snapshot_id`` (``None``
             when there was nothing to compact: at most one file).
+        :raises pyiceberg.exceptions.CommitFailedException: still conflicting after
+            :data:`COMMIT_ATTEMPTS` attempts (retried at once, on the reloaded table).
         """
         if target_size is not None:
             raise ValueError("Iceberg compaction writes files of the table's write.target-file-size-bytes: set that "
                              "table property instead of target_size")  # fmt: skip
         from pyiceberg.exceptions import CommitFailedException
+
         where = _arrival_between(start, end)
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+
+        def attempt() -> dict[str, Any]:
             table = self.load()
             if table is None:
                 raise TableCommitError(f"Iceberg table {self.identifier} does not exist: nothing to compact")
@@ -322,20 +337,19 @@ class IcebergSink(Sink):
             if before <= 1:
                 return {"table": self.identifier, "files_before": before, "files_after": before, "rows": None, "snapshot_id": None}
             rows = table.scan(row_filter=where).to_arrow()
-            try:
-                table.overwrite(rows, overwrite_filter=where, snapshot_properties={"kinesis-spark.compaction": f"{start.isoformat()}/{end.isoformat()}"})
-            except CommitFailedException as err:
-                if attempt == COMMIT_ATTEMPTS:
-                    raise
-                log.warning("compaction of %s conflicted with another commit (%s); retrying", self.identifier, err)
-                continue
+            table.overwrite(rows, overwrite_filter=where, snapshot_properties={"kinesis-spark.compaction": f"{start.isoformat()}/{end.isoformat()}"})
             table = table.refresh()
             after = len(list(table.scan(row_filter=where).plan_files()))
             log.info("table %s: compacted %d rows of [%s, %s) from %d files into %d (snapshot %d)", self.identifier, rows.num_rows,
                      start.isoformat(), end.isoformat(), before, after, table.current_snapshot().snapshot_id)  # fmt: skip
             return {"table": self.identifier, "files_before": before, "files_after": after, "rows": rows.num_rows,
                     "snapshot_id": table.current_snapshot().snapshot_id}  # fmt: skip
-        raise AssertionError("unreachable")
+
+        def conflicted(state: RetryCallState) -> None:
+            log.warning("compaction of %s conflicted with another commit (%s); retrying", self.identifier, _error(state))
+
+        return Retrying(retry=retry_if_exception_type(CommitFailedException), stop=stop_after_attempt(COMMIT_ATTEMPTS),
+                        before_sleep=conflicted, reraise=True)(attempt)  # fmt: skip
 
     # -- the commit ------------------------------------------------------------------------
 
@@ -348,29 +362,30 @@ class IcebergSink(Sink):
                                    f"{self.identifier}; nothing committed")  # fmt: skip
         uris = [f.uri for f in files]
         schema = read_schema(files[0].uri, self.storage_options)  # once: every attempt adds the same files
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+
+        def attempt() -> TableCommit:
             table = self.load()
-            try:
-                if table is None:
-                    snapshot = self._create_with(files, uris, properties)
-                else:
-                    found = committed(table)
-                    if found is not None:
-                        log.info("table %s: batch %d is in snapshot %d already; nothing added", self.identifier,
-                                 plan.batch_id, found.snapshot_id)  # fmt: skip
-                        return TableCommit("iceberg", self.identifier, snapshot_id=found.snapshot_id, already_committed=True)
-                    snapshot = self._add(table, uris, properties, before_add, schema, plan)
-            except (CommitFailedException, TableAlreadyExistsError) as err:
-                if attempt == COMMIT_ATTEMPTS:
-                    raise
-                log.warning("table %s: commit conflicted with another writer (%s); retrying on the refreshed table "
-                            "(attempt %d of %d)", self.identifier, err, attempt + 1, COMMIT_ATTEMPTS)  # fmt: skip
-                time.sleep(0.05 * attempt)
-                continue
+            if table is None:
+                snapshot = self._create_with(files, uris, properties)
+            else:
+                found = committed(table)
+                if found is not None:
+                    log.info("table %s: batch %d is in snapshot %d already; nothing added", self.identifier,
+                             plan.batch_id, found.snapshot_id)  # fmt: skip
+                    return TableCommit("iceberg", self.identifier, snapshot_id=found.snapshot_id, already_committed=True)
+                snapshot = self._add(table, uris, properties, before_add, schema, plan)
             log.info("table %s: snapshot %d adds %d files of %s", self.identifier, snapshot.snapshot_id, len(files),
                      f"batch {plan.batch_id}" if SUMMARY_BATCH in properties else f"window {properties.get(SUMMARY_WINDOW)}")  # fmt: skip
             return TableCommit("iceberg", self.identifier, snapshot_id=snapshot.snapshot_id, files=len(files))
-        raise AssertionError("unreachable")
+
+        def conflicted(state: RetryCallState) -> None:
+            log.warning("table %s: commit conflicted with another writer (%s); retrying on the refreshed table "
+                        "(attempt %d of %d)", self.identifier, _error(state), state.attempt_number + 1, COMMIT_ATTEMPTS)  # fmt: skip
+
+        # tenacity: each attempt reloads the table and searches it for the batch first.
+        return Retrying(retry=retry_if_exception_type((CommitFailedException, TableAlreadyExistsError)),
+                        stop=stop_after_attempt(COMMIT_ATTEMPTS), wait=wait_incrementing(COMMIT_PAUSE, COMMIT_PAUSE),
+                        before_sleep=conflicted, reraise=True)(attempt)  # fmt: skip
 
     def _check_schema(self, tx: Any, table: Any, schema: Any, plan: Any) -> None:
         """Check the batch's columns against the table's, as ``DeltaSink._check_schema`` does; with
