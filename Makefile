@@ -151,7 +151,7 @@ TEST_ENV := SPARK_SUBMIT_OPTS="$${SPARK_SUBMIT_OPTS-$(TEST_JVM_OPTS) -XX:SharedA
 # reader's SubscribeToShard faults; `make test-reliability` every crash point and 20 random kills.
 test: venv venv-spark35 kinesalite postgres $(SPARK_CDS)
 	$(MAKE) --no-print-directory typecheck
-	$(TEST_ENV) KILL_POINTS=$${KILL_POINTS:-12} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
+	$(TEST_ENV) KILL_POINTS=$${KILL_POINTS:-6} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
 	$(MAKE) --no-print-directory test-spark35
 
 # make test, recording every test's seconds in tests/durations.json (how make test deals the long
