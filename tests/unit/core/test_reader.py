@@ -902,3 +902,40 @@ def test_probe_of_a_range_that_re_reads_a_committed_aggregate_takes_one_call():
     client = FakeKinesis([plain(0), plain(1)])
     probe_reader(client, STREAM, make_range(Checkpoint.at(seq(0))), min_call_interval=0.2, sleep=Sleeps()).read_all()
     assert client.limits() == [1]
+
+
+def test_read_concurrently_holds_pages_by_bytes_not_by_count():
+    """10 MiB records (Kinesis since October 2025): a reader whose pages reach the byte budget
+    does not call GetRecords again until the consumer is done with the page it holds, so the
+    pages alive per range are bounded in bytes (one 10 MiB page), not only in count (a count of
+    pages held up to four 10 MiB pages per range: two queued, one in the reader's hand, one
+    consumed). Fake client: a unit test of core.reader alone."""
+    from airflow_kinesis_spark.core.reader import read_concurrently
+
+    big = b"x" * (10 * 1024 * 1024)  # one object: the fake's records share it
+    client = FakeKinesis([plain(i, big) for i in range(6)])
+    reader = ShardReader(client, STREAM, make_range(), limit=1, min_call_interval=0, read_bytes_per_second=None)
+    ahead = []
+    for i, (_, page) in enumerate(read_concurrently([reader]), start=1):
+        if page is None:
+            break
+        time.sleep(0.1)  # the reader thread runs ahead as far as it may
+        calls = sum(1 for op, _ in client.calls if op == "get_records")
+        ahead.append(calls - i)
+    assert reader.report is not None and reader.report.records == 6
+    assert max(ahead) == 0, ahead  # GetRecords calls beyond the page the consumer holds
+
+
+def test_read_concurrently_still_reads_ahead_small_pages():
+    """Pages well under the byte budget keep the readers' read-ahead (more than one page waits)."""
+    from airflow_kinesis_spark.core.reader import read_concurrently
+
+    client = FakeKinesis([plain(i, b"y" * 1000) for i in range(10)])
+    reader = ShardReader(client, STREAM, make_range(), limit=1, min_call_interval=0, read_bytes_per_second=None)
+    ahead = []
+    for i, (_, page) in enumerate(read_concurrently([reader]), start=1):
+        if page is None:
+            break
+        time.sleep(0.1)
+        ahead.append(sum(1 for op, _ in client.calls if op == "get_records") - i)
+    assert max(ahead) >= 1, ahead
