@@ -23,6 +23,12 @@ answers like the service (Kinesis API reference, GetRecords and GetShardIterator
   ``PutRecords`` request over 10 MiB (``InvalidArgumentException``). The emulator must store
   what the stream allows (``make kinesalite`` lets kinesalite take records up to 10 MiB; moto
   refuses records over 1 MiB whatever the setting);
+* **20 DescribeStreamSummary calls per second per account** (the proxy serves one account):
+  a call arriving when 20 were admitted within the last second is answered with
+  ``LimitExceededException`` (HTTP 400), as the service answers it (Kinesis API reference,
+  DescribeStreamSummary). Every arrival counts in :attr:`ThrottlingProxy.stats`
+  (``DescribeStreamSummary``, ``.throttled``, ``.max_per_second``: the most calls, admitted or
+  not, that arrived within any one second);
 * **SubscribeToShard** (enhanced fan-out), which no emulator serves, is answered by the proxy from
   the emulator's records with the one local SubscribeToShard, :class:`demo.subscribe.ShardSubscriptions`:
   an event stream botocore reads, paced to 2 MiB/s per consumer and shard (a budget of its own,
@@ -107,6 +113,8 @@ class KinesisLimits:
     subscribe_poll_seconds: float = 1.0
     #: SubscribeToShard: data bytes per event at most (an event holds at least one record)
     subscribe_event_bytes: int = 1 * MIB
+    #: DescribeStreamSummary: admitted calls per second per account (the proxy's one account)
+    describe_stream_summary_per_second: int = 20
 
     def subscribe_limits(self) -> SubscribeLimits:
         """The SubscribeToShard settings, for :class:`demo.subscribe.ShardSubscriptions`."""
@@ -149,6 +157,10 @@ class ThrottlingProxy(ForwardingProxy):
         self.stats: Counter[str] = Counter()
         #: stream name -> MaxRecordSizeInKiB set by UpdateMaxRecordSize (else DEFAULT_MAX_RECORD_KIB)
         self.max_record_kib: dict[str, int] = {}
+        #: DescribeStreamSummary: arrivals (admitted or not) and admitted calls of the last second
+        #: (monotonic seconds), for the account's limit and ``DescribeStreamSummary.max_per_second``
+        self._describe_arrivals: deque = deque()
+        self._describe_admitted: deque = deque()
         #: stream -> [first GetRecords arrival, last GetRecords response] (monotonic seconds), of
         #: calls with ``Limit`` > 1: the operator's probes (``Limit`` 1, before Spark starts) are
         #: not part of the read.
@@ -169,6 +181,7 @@ class ThrottlingProxy(ForwardingProxy):
         with self.lock:
             self.stats.clear()
             self.read_window.clear()
+            self._describe_arrivals.clear()
 
     def read_rate(self, stream: str) -> float:
         """Bytes per second served to ``stream``'s GetRecords with ``Limit`` > 1, from the first
@@ -225,6 +238,8 @@ class ThrottlingProxy(ForwardingProxy):
             self._get_records(request, body)
         elif operation == "SubscribeToShard":
             self.subscriptions.subscribe(request, body)
+        elif operation == "DescribeStreamSummary":
+            self._describe_stream_summary(request, body)
         else:
             self.answer(request, *self.forward(request, body))
 
@@ -295,6 +310,29 @@ class ThrottlingProxy(ForwardingProxy):
             request, 400, "ProvisionedThroughputExceededException",
             f"Rate exceeded for shard {shard} in stream {stream} under account 000000000000.",
         )  # fmt: skip
+
+    def _describe_stream_summary(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+        """DescribeStreamSummary under the account's limit of 20 calls per second (Kinesis API
+        reference): a call arriving when as many were admitted within the last second is refused
+        with ``LimitExceededException``, as the service refuses it, and not forwarded."""
+        now = time.monotonic()
+        with self.lock:
+            self.stats["DescribeStreamSummary"] += 1
+            arrivals = self._describe_arrivals
+            arrivals.append(now)
+            while now - arrivals[0] >= 1.0:
+                arrivals.popleft()
+            self.stats["DescribeStreamSummary.max_per_second"] = max(self.stats["DescribeStreamSummary.max_per_second"],
+                                                                      len(arrivals))  # fmt: skip
+            admitted = self._admit(_Shard(), self._describe_admitted, self.limits.describe_stream_summary_per_second,
+                                   now, with_debt=False)  # fmt: skip
+            if not admitted:
+                self.stats["DescribeStreamSummary.throttled"] += 1
+        if not admitted:
+            self.answer_error(request, 400, "LimitExceededException",
+                              "Rate exceeded for DescribeStreamSummary under account 000000000000.")  # fmt: skip
+            return
+        self.answer(request, *self.forward(request, body))
 
     def _get_shard_iterator(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
         args = json.loads(body or b"{}")

@@ -30,6 +30,7 @@ from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.shards import ListShardsPager, Shard, raise_for_stream
 from airflow_kinesis_spark.core.head import Head
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 
 __all__ = [
     "list_shards",
@@ -179,15 +180,33 @@ async def committed_state(
     return head, checkpoints, plan
 
 
-async def describe_stream_summary(client: Any, stream_name: str) -> dict[str, Any]:
-    """Async ``shards.describe_stream_summary``: status, retention period (hours), open shard count.
+async def describe_stream_summary(
+    client: Any, stream_name: str, *, budget: SummaryBudget | None = None, max_age: float = 0.0
+) -> dict[str, Any]:
+    """Async ``shards.describe_stream_summary``: status, retention period (hours), open shard count;
+    with a ``budget``, from the host's cache or paced as the sync one (the budget's file
+    operations run in a thread, the wait is ``asyncio.sleep``: the event loop is never blocked).
 
+    :param budget: the host's budget and cache (``core.stream_summary``), or ``None``.
+    :param max_age: seconds; 0: no cached summary (the call is still paced).
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
     """
+    if budget is not None:
+        summary, delay = await asyncio.to_thread(budget.reserve, client, stream_name, max_age)
+        if summary is not None:
+            return summary
+        if delay > 0:
+            await asyncio.sleep(delay)
+            summary = await asyncio.to_thread(budget.cached, client, stream_name, max_age)
+            if summary is not None:
+                return summary
     try:
-        return (await client.describe_stream_summary(**stream_params(stream_name)))["StreamDescriptionSummary"]
+        summary = (await client.describe_stream_summary(**stream_params(stream_name)))["StreamDescriptionSummary"]
     except ClientError as err:
         raise_for_stream(err, stream_name, client)
+    if budget is not None:
+        await asyncio.to_thread(budget.remember, client, stream_name, summary)
+    return summary
 
 
 async def _lag_plan(

@@ -8,15 +8,19 @@ parent (``ParentShardId`` and, for a merge, ``AdjacentParentShardId``) is checkp
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.names import parse_stream_arn, stream_params
 from airflow_kinesis_spark.core.positions import Checkpoint, parse_sequence_number
 from airflow_kinesis_spark.exceptions import StreamAccessDeniedError, StreamNotFoundError
+
+if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 
 log = logging.getLogger(__name__)
 
@@ -181,16 +185,38 @@ def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] |
     return pager.shards
 
 
-def describe_stream_summary(client: Any, stream_name: str) -> dict[str, Any]:
+def describe_stream_summary(
+    client: Any, stream_name: str, *, budget: SummaryBudget | None = None, max_age: float = 0.0
+) -> dict[str, Any]:
     """``DescribeStreamSummary``'s ``StreamDescriptionSummary``: status, retention period (hours),
     open shard count (boto3 client).
 
+    With a ``budget`` (``core.stream_summary``): a summary the host's callers asked for at most
+    ``max_age`` seconds ago answers without a call; otherwise the call waits for its slot of the
+    host's pacer (DescribeStreamSummary: 20 calls per second per account, Kinesis API reference).
+    Without one: one call, as asked. A ``LimitExceededException`` is retried by botocore's retry
+    handler (every retry mode) before it reaches the caller.
+
+    :param budget: the host's budget and cache, or ``None``.
+    :param max_age: seconds; 0: no cached summary (the call is still paced).
     :raises StreamNotFoundError: the stream does not exist (names stream, region, endpoint).
     """
+    if budget is not None:
+        summary, delay = budget.reserve(client, stream_name, max_age)
+        if summary is not None:
+            return summary
+        if delay > 0:
+            time.sleep(delay)
+            summary = budget.cached(client, stream_name, max_age)  # another caller's answer meanwhile
+            if summary is not None:
+                return summary
     try:
-        return client.describe_stream_summary(**stream_params(stream_name))["StreamDescriptionSummary"]
+        summary = client.describe_stream_summary(**stream_params(stream_name))["StreamDescriptionSummary"]
     except ClientError as err:
         raise_for_stream(err, stream_name, client)
+    if budget is not None:
+        budget.remember(client, stream_name, summary)
+    return summary
 
 
 class ShardLineage:

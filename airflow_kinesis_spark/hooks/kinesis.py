@@ -10,6 +10,7 @@ from typing import Any
 
 import boto3
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFactory
+from airflow.sdk.configuration import conf
 from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.admin import check_endpoint
@@ -18,6 +19,7 @@ from airflow_kinesis_spark.core.names import parse_stream_arn, validate_stream_n
 from airflow_kinesis_spark.core.pool import share_data_loader
 from airflow_kinesis_spark.core.read_options import own_throttling
 from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
+from airflow_kinesis_spark.core.stream_summary import DEFAULT_CALLS_PER_SECOND, SummaryBudget
 
 #: Default lifetime of the Spark job's temporary credentials (seconds). A batch that reads
 #: longer fails with expired credentials and its retry re-uses the plan; raise it for long batches.
@@ -121,12 +123,35 @@ class KinesisStreamHook(FailFastAwsHook):
         """
         return list_shards(self.conn, validate_stream_name(stream_name), shard_filter)
 
-    def describe_stream_summary(self, stream_name: str) -> dict[str, Any]:
-        """``DescribeStreamSummary``: status, retention period (hours), open shard count.
+    @cached_property
+    def summary_budget(self) -> SummaryBudget:
+        """This host's share of the account's ``DescribeStreamSummary`` budget (20 calls per
+        second per account, Kinesis API reference) and its summary cache, shared by every
+        process of the host (``core.stream_summary``).
 
+        Settings (Airflow configuration, section ``[kinesis_spark]``): ``describe_stream_summary_per_second``
+        (calls per second this host makes at most; default 10) and ``shared_state_dir`` (default:
+        a directory of the user in the system's temporary directory). The cache is keyed by the
+        connection id and its ``role_arn`` too.
+
+        :raises ValueError: ``describe_stream_summary_per_second`` not > 0.
+        """
+        return SummaryBudget(
+            calls_per_second=conf.getfloat("kinesis_spark", "describe_stream_summary_per_second",
+                                           fallback=DEFAULT_CALLS_PER_SECOND),
+            state_dir=conf.get("kinesis_spark", "shared_state_dir", fallback="") or None,
+            principal=f"{self.aws_conn_id}|{self.conn_config.role_arn or ''}",
+        )  # fmt: skip
+
+    def describe_stream_summary(self, stream_name: str, max_age: float = 0.0) -> dict[str, Any]:
+        """``DescribeStreamSummary``: status, retention period (hours), open shard count; from the
+        host's cache when another caller asked at most ``max_age`` seconds ago, else paced by
+        :attr:`summary_budget` (``shards.describe_stream_summary``).
+
+        :param max_age: seconds; 0: always asks the service (paced all the same).
         :raises StreamNotFoundError: the stream does not exist; names stream, region, endpoint.
         """
-        return describe_stream_summary(self.conn, validate_stream_name(stream_name))
+        return describe_stream_summary(self.conn, validate_stream_name(stream_name), budget=self.summary_budget, max_age=max_age)
 
     def spark_environment(self, credentials: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment variables that give the Spark job access to Kinesis.

@@ -19,6 +19,7 @@ from airflow_kinesis_spark.core.lag import (
     validate_lag_arguments,
 )
 from airflow_kinesis_spark.core.names import validate_stream_name
+from airflow_kinesis_spark.core.stream_summary import RETENTION_MAX_AGE_S, STATUS_MAX_AGE_S
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.triggers.kinesis import (
@@ -161,7 +162,10 @@ class KinesisReshardingSensor(_ConsumerSensor):
     """Wait for a resharding: succeed when the open shards differ from the last committed batch's.
 
     While the stream is ``UPDATING`` (a split, merge or UpdateShardCount in progress) it keeps
-    waiting. The change goes to XCom so a DAG can branch, alert, or just proceed; the operator
+    waiting. The status comes from ``DescribeStreamSummary`` (20 calls per second per account,
+    Kinesis API reference), shared by the host's sensors and triggers: a summary at most
+    ``STATUS_MAX_AGE_S`` (5 s) old, else a call paced by the host's budget (docs/sensors.md).
+    The change goes to XCom so a DAG can branch, alert, or just proceed; the operator
     handles resharding by itself (parents are read to ``SHARD_END`` before their children).
 
     .. seealso:: docs/sensors.md
@@ -174,7 +178,7 @@ class KinesisReshardingSensor(_ConsumerSensor):
     """
 
     def poke(self, context: Context) -> PokeReturnValue:
-        status = self.kinesis_hook.describe_stream_summary(self.stream_name)["StreamStatus"]
+        status = self.kinesis_hook.describe_stream_summary(self.stream_name, max_age=STATUS_MAX_AGE_S)["StreamStatus"]
         if status == "UPDATING":
             self.log.info("Stream %s is UPDATING (resharding in progress)", self.stream_name)
             return PokeReturnValue(is_done=False)
@@ -208,7 +212,8 @@ class KinesisRetentionGuardSensor(_ConsumerSensor):
     trip through the triggerer, and a task whose trigger fires at once can meet a scheduler race
     (Airflow 3.3: the executor reports the deferring task finished while it is already queued
     again, and the task fails). ``KinesisRetentionTrigger`` evaluates the same rule for DAGs that
-    want it in the triggerer.
+    want it in the triggerer. The retention period comes from ``DescribeStreamSummary``, shared by
+    the host's sensors and triggers (a summary at most ``RETENTION_MAX_AGE_S``, 300 s, old).
 
     .. seealso:: docs/sensors.md
 
@@ -226,7 +231,7 @@ class KinesisRetentionGuardSensor(_ConsumerSensor):
 
     def poke(self, context: Context) -> PokeReturnValue:
         validate_lag_arguments(initial_position=self.initial_position)
-        retention = float(self.kinesis_hook.describe_stream_summary(self.stream_name)["RetentionPeriodHours"])
+        retention = float(self.kinesis_hook.describe_stream_summary(self.stream_name, max_age=RETENTION_MAX_AGE_S)["RetentionPeriodHours"])
         lag = measure_lag(self.kinesis_hook.conn, self.store(), initial_position=self.initial_position)
         return PokeReturnValue(is_done=True, xcom_value=self.complete(
             {"retention_period_hours": retention, "at_risk": retention_risks(lag, retention, self.margin), "lag": lag}

@@ -31,6 +31,7 @@ from airflow_kinesis_spark.core.lag import (
     validate_lag_arguments,
 )
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.core.stream_summary import RETENTION_MAX_AGE_S, STATUS_MAX_AGE_S, SummaryBudget
 from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
 from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
 
@@ -120,7 +121,17 @@ class _ConsumerTrigger(BaseTrigger):
             return
         kinesis_hook = KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
         async with await kinesis_hook.get_async_conn() as kinesis, await dynamodb_hook.get_async_conn() as dynamodb:
+            # After get_async_conn: the connection is read (in a thread) and cached on the hook by then.
+            self._summary_budget = kinesis_hook.summary_budget
             yield kinesis, dynamodb
+
+    #: The host's ``DescribeStreamSummary`` budget and cache (``KinesisStreamHook.summary_budget``),
+    #: set by :meth:`_clients`; every trigger of the triggerer, and every sensor of the host, share it.
+    _summary_budget: SummaryBudget | None = None
+
+    async def _describe_stream_summary(self, kinesis: Any, max_age: float) -> dict[str, Any]:
+        """``DescribeStreamSummary`` of the trigger's stream, from the host's cache or paced (``aio.describe_stream_summary``)."""
+        return await aio.describe_stream_summary(kinesis, self.stream_name, budget=self._summary_budget, max_age=max_age)
 
     async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
         """One poll: an event payload when done, else ``None``."""
@@ -170,7 +181,7 @@ class KinesisReshardingTrigger(_ConsumerTrigger):
     """Fires when the open shards differ from the last committed batch's (see ``KinesisReshardingSensor``)."""
 
     async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
-        summary = await aio.describe_stream_summary(kinesis, self.stream_name)
+        summary = await self._describe_stream_summary(kinesis, STATUS_MAX_AGE_S)
         if summary["StreamStatus"] == "UPDATING":
             self.log.info("stream %s is UPDATING (resharding in progress)", self.stream_name)
             return None
@@ -203,7 +214,7 @@ class KinesisRetentionTrigger(_ConsumerTrigger):
         return {"margin_seconds": self.margin_seconds, "initial_position": self.initial_position}
 
     async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
-        retention = float((await aio.describe_stream_summary(kinesis, self.stream_name))["RetentionPeriodHours"])
+        retention = float((await self._describe_stream_summary(kinesis, RETENTION_MAX_AGE_S))["RetentionPeriodHours"])
         lag = await aio.measure_lag(kinesis, dynamodb, self._store(), initial_position=self.initial_position)
         risks = retention_risks(lag, retention, timedelta(seconds=self.margin_seconds))
         return {"status": "success", "retention_period_hours": retention, "at_risk": risks, "lag": lag}

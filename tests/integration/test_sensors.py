@@ -132,7 +132,7 @@ def test_resharding_sensor_waits_while_the_stream_is_updating(aws_conn, kinesis,
     real = type(sensor.kinesis_hook).describe_stream_summary
     with monkeypatch.context() as patched:
         patched.setattr(type(sensor.kinesis_hook), "describe_stream_summary",
-                        lambda self, name: {**real(self, name), "StreamStatus": "UPDATING"})  # fmt: skip
+                        lambda self, name, max_age=0.0: {**real(self, name), "StreamStatus": "UPDATING"})  # fmt: skip
         assert sensor.poke({}).is_done is False
     assert KinesisReshardingSensor(**sensor_args(unique_name)).poke({}).is_done is True
 
