@@ -89,9 +89,13 @@ def _register(
     """``RegisterStreamConsumer``, retried while the service refuses it with ``LimitExceededException``
     for a reason that passes: at most 5 consumers of a stream may be ``CREATING`` at once, and the
     call is limited to 5 per second per stream (Kinesis API reference, RegisterStreamConsumer).
-    Backoff doubles from ``poll_seconds`` up to :data:`REGISTER_BACKOFF_MAX_S`. When no consumer of
-    the stream is ``CREATING`` (``ListStreamConsumers``), a refusal that repeats is the stream's
-    limit of registered consumers (20; 50 with On-Demand Advantage): failed at once, naming it.
+    Backoff doubles from ``poll_seconds`` up to :data:`REGISTER_BACKOFF_MAX_S`, so the wait lasts
+    while consumers of the stream are ``CREATING`` (``ListStreamConsumers``; registering takes
+    seconds) and ends at the deadline. When the listing shows none ``CREATING``, a refusal that
+    repeats is the stream's limit of registered consumers (20; 50 with On-Demand Advantage):
+    failed at once, naming it. When the listing itself is refused (``ListStreamConsumers``: 5
+    calls per second per stream, Kinesis API reference) the cause stays unknown and the
+    registration is retried, never reported as that limit.
 
     :raises RuntimeError: the limit of registered consumers, or still refused after ``wait_seconds``.
     """
@@ -109,7 +113,7 @@ def _register(
             if _code(err) != "LimitExceededException":
                 raise
             creating = _creating_consumers(client, stream_arn)
-            if not creating and attempt >= 2:
+            if creating == [] and attempt >= 2:
                 raise RuntimeError(
                     f"cannot register stream consumer {consumer_name} of stream {stream_name_of(stream)}: the service refuses "
                     f"it (LimitExceededException) and no consumer of the stream is being created, so the stream has its "
@@ -118,22 +122,27 @@ def _register(
                 ) from err  # fmt: skip
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)}: RegisterStreamConsumer "
-                                   f"still refused after {wait_seconds:g} s ({len(creating)} consumers CREATING): {err}") from err  # fmt: skip
+                                   f"still refused after {wait_seconds:g} s ({_count(creating)} consumers CREATING): {err}") from err  # fmt: skip
             delay = min(poll_seconds * 2**attempt, REGISTER_BACKOFF_MAX_S)
-            log.info("RegisterStreamConsumer of %s refused (LimitExceededException; %d consumers of the stream CREATING): "
-                     "retrying in %.1f s", consumer_name, len(creating), delay)  # fmt: skip
+            log.info("RegisterStreamConsumer of %s refused (LimitExceededException; %s consumers of the stream CREATING): "
+                     "retrying in %.1f s", consumer_name, _count(creating), delay)  # fmt: skip
             sleep(delay)
             attempt += 1
 
 
-def _creating_consumers(client: Any, stream_arn: str) -> list[str]:
-    """Names of the stream's consumers in ``CREATING`` (``ListStreamConsumers``, paginated); ``[]``
-    when the call is refused (the limit's cause then stays unknown)."""
+def _creating_consumers(client: Any, stream_arn: str) -> list[str] | None:
+    """Names of the stream's consumers in ``CREATING`` (``ListStreamConsumers``, paginated); ``None``
+    when the call is refused (the refusal's cause then stays unknown)."""
     try:
         pages = client.get_paginator("list_stream_consumers").paginate(StreamARN=stream_arn)
         return [c["ConsumerName"] for page in pages for c in page.get("Consumers", []) if c.get("ConsumerStatus") == "CREATING"]
-    except ClientError:
-        return []
+    except ClientError as err:
+        log.info("ListStreamConsumers refused (%s): how many consumers are CREATING is unknown", _code(err))
+        return None
+
+
+def _count(creating: list[str] | None) -> str:
+    return "an unknown number of" if creating is None else str(len(creating))
 
 
 def stream_consumer_arn(client: Any, stream: str, consumer_name: str) -> str | None:

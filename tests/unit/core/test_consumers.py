@@ -61,3 +61,67 @@ def test_still_refused_at_the_deadline_says_so():
     kinesis = FakeKinesis(refusals=100, creating=100)
     with pytest.raises(RuntimeError, match=r"still refused after 0 s \(\d+ consumers CREATING\)"):
         ensure_stream_consumer(kinesis, ARN, "lake", wait_seconds=0, sleep=lambda s: None)
+
+
+class ListingRefused(FakeKinesis):
+    """ListStreamConsumers refused too (5 calls per second per stream), ``list_refusals`` times."""
+
+    def __init__(self, refusals: int, creating: int, list_refusals: int) -> None:
+        super().__init__(refusals, creating)
+        self.list_refusals = list_refusals
+
+    def get_paginator(self, name):
+        if self.list_refusals:
+            self.list_refusals -= 1
+
+            def paginate(**kwargs):
+                raise ClientError({"Error": {"Code": "LimitExceededException", "Message": "Rate exceeded"}}, "ListStreamConsumers")
+
+            return type("P", (), {"paginate": lambda _self, **kw: paginate(**kw)})()
+        return super().get_paginator(name)
+
+
+def test_a_refused_listing_is_not_taken_for_the_limit_of_registered_consumers():
+    """Registration and the listing both refused while 5 consumers are CREATING: the cause is
+    unknown, so the registration is retried (it used to fail at the third refusal, naming the
+    limit of registered consumers, as if none were CREATING)."""
+    kinesis, slept = ListingRefused(refusals=4, creating=5, list_refusals=4), []
+    arn = ensure_stream_consumer(kinesis, ARN, "lake", poll_seconds=0.5, sleep=slept.append)
+    assert arn.endswith("/consumer/lake:1") and kinesis.calls.count("RegisterStreamConsumer") == 5
+    assert slept[:4] == [0.5, 1.0, 2.0, 4.0]
+
+
+class CreatingConsumer(FakeKinesis):
+    """The consumer is registered already (by a concurrent run) and CREATING for ``polls`` more
+    DescribeStreamConsumer calls; with ``in_use``, RegisterStreamConsumer races it
+    (``ResourceInUseException``) after a first DescribeStreamConsumer found nothing."""
+
+    def __init__(self, polls: int, in_use: bool = False) -> None:
+        super().__init__(refusals=0, creating=0)
+        self.polls, self.in_use, self.first = polls, in_use, True
+
+    def describe_stream_consumer(self, **kwargs):
+        self.calls.append("DescribeStreamConsumer")
+        if self.in_use and self.first:
+            self.first = False
+            raise refused("ResourceNotFoundException")
+        status = "CREATING" if self.polls > 0 else "ACTIVE"
+        self.polls -= 1
+        return {"ConsumerDescription": {"ConsumerARN": f"{ARN}/consumer/lake:7", "ConsumerStatus": status}}
+
+    def register_stream_consumer(self, **kwargs):
+        self.calls.append("RegisterStreamConsumer")
+        raise refused("ResourceInUseException")
+
+
+@pytest.mark.parametrize("in_use", [False, True], ids=["found_creating", "registered_meanwhile"])
+def test_a_consumer_creating_is_waited_for_until_active(in_use):
+    kinesis, slept = CreatingConsumer(polls=3, in_use=in_use), []
+    assert ensure_stream_consumer(kinesis, ARN, "lake", poll_seconds=0.5, sleep=slept.append) == f"{ARN}/consumer/lake:7"
+    assert slept == [0.5, 0.5, 0.5]  # three polls CREATING, the fourth ACTIVE
+    assert kinesis.calls.count("RegisterStreamConsumer") == (1 if in_use else 0)
+
+
+def test_a_consumer_still_creating_at_the_deadline_says_so():
+    with pytest.raises(RuntimeError, match=r"is not ACTIVE after 0 s \(status CREATING\)"):
+        ensure_stream_consumer(CreatingConsumer(polls=100), ARN, "lake", wait_seconds=0, sleep=lambda s: None)
