@@ -34,8 +34,9 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.names import stream_name_of
@@ -52,6 +53,9 @@ from airflow_kinesis_spark.hooks.spark_temp import (
     make_batch_temp_dir,
     sweep_leftover_temp_dirs,
 )
+
+if TYPE_CHECKING:  # the apache-spark provider is imported when a runner runs
+    from airflow_kinesis_spark.hooks.spark_submit import SparkConnection
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +81,12 @@ class SparkSubmitJob:
     temporary directory and its report comes back the same way (:meth:`run`). The Airflow-free
     code ships as ``--py-files``. Credentials reach the job through spark-submit's environment,
     never its command line: on YARN and Kubernetes, where the provider turns the environment into
-    ``--conf`` options, none are passed and the cluster's own role is used. The spark-submit
-    process dies with this worker (:mod:`airflow_kinesis_spark.die_with_parent`), and :meth:`kill`
-    stops it through the hook's ``on_kill``. On a local master the Spark UI is off and its kill
+    ``--conf`` options, none are passed and the cluster's own role is used. The provider's hook
+    is used through its public API only (constructor arguments, ``submit``, ``on_kill``); the
+    connection's master and deploy mode, the spark-submit wrapper and a detached local command
+    are owned (:mod:`airflow_kinesis_spark.hooks.spark_submit`). The spark-submit
+    process dies with this worker (:mod:`airflow_kinesis_spark.die_with_parent`, through the
+    wrapper), and :meth:`kill` stops it through the hook's ``on_kill``. On a local master the Spark UI is off and its kill
     links disabled (set ``spark.ui.enabled`` in ``spark_conf`` to turn it back on; it then binds to
     the driver's host). Spark logs warnings and errors only: the job's log4j 2 configuration
     (:data:`~airflow_kinesis_spark.hooks.spark_logs.LOG4J_CONFIG`,
@@ -126,23 +133,24 @@ class SparkSubmitJob:
         :raises ValueError: any other master or deploy mode (the driver would run in this worker).
         :raises RuntimeError: spark-submit failed to submit.
         """
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
         from airflow_kinesis_spark.die_with_parent import SCRUBBED_ENV_PREFIXES
+        from airflow_kinesis_spark.hooks.spark_submit import local_submit_command
 
-        self.check_detachable()
+        connection = self.check_detachable()
         tmp = make_batch_temp_dir(arguments.batch_id, consumer=consumer_key(arguments.stream_name, arguments.consumer_name))
         args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
         try:
-            hook = self._build_hook(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
-                                    output_location, arguments.checkpoint_table)  # fmt: skip
+            job = self._job(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
+                            output_location, arguments.checkpoint_table)  # fmt: skip
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        master = str(hook._connection.get("master") or "")
-        if master.startswith("local"):
-            command = SparkSubmitHook._build_spark_submit_command(hook, spark_script_path())  # without die_with_parent
-            env = {k: v for k, v in {**os.environ, **(hook._env or {})}.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
+        if connection.is_local:
+            # Not through the hook: its submit waits for the job. The command is ours
+            # (hooks.spark_submit.local_submit_command), without die_with_parent.
+            command = local_submit_command(connection, spark_script_path(), conf=job.conf, files=job.files,
+                                           py_files=job.py_files, name=job.name, application_args=job.args)  # fmt: skip
+            env = {k: v for k, v in {**os.environ, **job.env}.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
             env["TMPDIR"] = tmp
             log_path = os.path.join(tmp, "spark-submit.log")
             # airflow_kinesis_spark.detached removes the directory when the job succeeds (keeps its log otherwise).
@@ -152,9 +160,10 @@ class SparkSubmitJob:
                                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
             _write_owner(tmp, process.pid)  # the detached job uses the directory from now on
             return f"local driver, process {process.pid}, log {log_path} (removed with its directory if the job succeeds)"
-        # check_detachable() above: YARN or Kubernetes in cluster deploy mode
-        key = f"spark.{'yarn' if hook._is_yarn else 'kubernetes'}.submission.waitAppCompletion"
-        hook._conf = {**(hook._conf or {}), key: "false"}
+        # check_detachable() above: YARN or Kubernetes in cluster deploy mode. spark-submit returns
+        # once the cluster accepted the application (a conf of the hook's constructor).
+        key = f"spark.{'yarn' if connection.is_yarn else 'kubernetes'}.submission.waitAppCompletion"
+        hook = job.hook(extra_conf={key: "false"})
         try:
             hook.submit(application=spark_script_path())
         except Exception as err:
@@ -162,25 +171,24 @@ class SparkSubmitJob:
                                f"(spark connection {self.settings.spark_conn_id!r})") from err  # fmt: skip
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # spark-submit returned: the cluster has its files
-        return f"{master}, cluster deploy mode"
+        return f"{connection.master}, cluster deploy mode"
 
-    def check_detachable(self) -> None:
+    def check_detachable(self) -> SparkConnection:
         """Check that :meth:`submit_detached` can start the job away from this worker.
 
+        :returns: the connection's master and deploy mode.
         :raises ValueError: the connection's master and deploy mode would run the driver here.
         """
-        from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
+        from airflow_kinesis_spark.hooks.spark_submit import spark_connection
 
-        hook = BatchSparkSubmitHook(conn_id=self.settings.spark_conn_id)
-        master = str(hook._connection.get("master") or "")
-        deploy_mode = hook._connection.get("deploy_mode")
-        if master.startswith("local") or (deploy_mode == "cluster" and (hook._is_yarn or hook._is_kubernetes)):
-            return
+        connection = spark_connection(self.settings.spark_conn_id)
+        if connection.is_local or (connection.cluster_deploy_mode and connection.env_goes_on_command_line):
+            return connection
         raise ValueError(
             f"deferrable=True needs a Spark driver that does not run in this worker, but spark connection "
-            f"{self.settings.spark_conn_id!r} has master {master!r} and deploy mode {deploy_mode!r}. Use cluster deploy "
-            "mode on YARN or Kubernetes (connection extra 'deploy-mode': 'cluster'), a local master for development, "
-            "or deferrable=False."
+            f"{self.settings.spark_conn_id!r} has master {connection.master!r} and deploy mode {connection.deploy_mode!r}. Use "
+            "cluster deploy mode on YARN or Kubernetes (connection extra 'deploy-mode': 'cluster'), a local master for "
+            "development, or deferrable=False."
         )
 
     def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
@@ -211,7 +219,9 @@ class SparkSubmitJob:
         output_location: str | None, checkpoint_table: str | None = None,
         after: str = "No checkpoint moved; the plan stays pending and the next attempt re-uses it.",
     ) -> None:  # fmt: skip
-        self._hook = self._build_hook(args, core, stream_name, consumer_name, batch_id, output_location, checkpoint_table)
+        job = self._job(args, core, stream_name, consumer_name, batch_id, output_location, checkpoint_table)
+        # spark-submit through die_with_parent, its output copied into the run's directory (the wrapper)
+        self._hook = job.hook(work_dir=os.path.dirname(core))
         log.info("Submitting the Spark job of %s", label)
         try:
             self._hook.submit(application=spark_script_path())
@@ -224,10 +234,14 @@ class SparkSubmitJob:
         finally:
             self._hook = None
 
-    def _build_hook(
+    def _job(
         self, args: list[str], core: str, stream_name: str, consumer_name: str, batch_id: int,
         output_location: str | None, checkpoint_table: str | None,
-    ) -> Any:  # fmt: skip
+    ) -> _SubmitArguments:  # fmt: skip
+        """The spark-submit arguments of a job: the hook's constructor arguments, derived from the
+        connection's master and deploy mode (:func:`~airflow_kinesis_spark.hooks.spark_submit.spark_connection`)."""
+        from airflow_kinesis_spark.hooks.spark_submit import spark_connection
+
         s = self.settings
         args = list(args)
         if s.transform:
@@ -236,29 +250,19 @@ class SparkSubmitJob:
                 args += ["--transform-allowed-modules", ",".join(s.transform_allowed_modules)]
         py_files = ",".join(p for p in (core, s.py_files) if p)
         name = f"kinesis-batch-{stream_name}-{consumer_name}-{batch_id}"
-        from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
-
+        connection = spark_connection(s.spark_conn_id)
         conf = dict(s.spark_conf)
-        files: str | None = None
-
-        def build(env: dict[str, str] | None) -> Any:
-            return BatchSparkSubmitHook(conf=conf, conn_id=s.spark_conn_id, py_files=py_files, files=files,
-                                        application_args=args, env_vars=env, name=name)  # fmt: skip
-
-        probe = build(None)
-        local = str(probe._connection.get("master") or "").startswith("local")
-        if local:
+        if connection.is_local:
             conf = {**LOCAL_UI_CONF, **conf}  # the DAG author's spark_conf wins
-        conf, files = with_log_config(conf, master=str(probe._connection.get("master") or ""),
-                                      cluster_deploy_mode=probe._connection.get("deploy_mode") == "cluster")
+        conf, files = with_log_config(conf, master=connection.master, cluster_deploy_mode=connection.cluster_deploy_mode)
         # On YARN and Kubernetes the provider turns env_vars into --conf options on the command
         # line; credentials must not go there, so the cluster's own role is used instead.
-        on_command_line = probe.env_goes_on_command_line
+        on_command_line = connection.env_goes_on_command_line
         if on_command_line:
             log.info("Spark master is YARN/Kubernetes: the job uses the cluster's AWS credentials")
         env = s.aws_environment(stream_name, output_location=output_location, checkpoint_table=checkpoint_table,
                                 store_key=f"{stream_name_of(stream_name)}|{consumer_name}", cluster_role=on_command_line)  # fmt: skip
-        if local:
+        if connection.is_local:
             env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver (and a UI turned back on) listen on loopback only
             if "spark.local.dir" not in conf and not os.environ.get("SPARK_LOCAL_DIRS"):
                 # Spark's scratch space (spark-*, blockmgr-*) in the run's private directory (the one
@@ -271,7 +275,29 @@ class SparkSubmitJob:
             # (a virtualenv that was not activated).
             log.info("spark-submit is not on PATH; using the one installed with pyspark in %s", venv_bin)
             env["PATH"] = os.pathsep.join(p for p in (str(venv_bin), os.environ.get("PATH", "")) if p)
-        return build(env)
+        return _SubmitArguments(s.spark_conn_id, conf, files, py_files, name, args, env)
+
+
+@dataclass(frozen=True)
+class _SubmitArguments:
+    """A job's spark-submit arguments: what :class:`~airflow_kinesis_spark.hooks.spark_submit.BatchSparkSubmitHook`
+    takes through its constructor (or ``local_submit_command``, for a detached local job)."""
+
+    conn_id: str
+    conf: dict[str, Any]
+    files: str | None
+    py_files: str
+    name: str
+    args: list[str]
+    env: dict[str, str]
+
+    def hook(self, *, work_dir: str | None = None, extra_conf: dict[str, Any] | None = None) -> Any:
+        from airflow_kinesis_spark.hooks import spark_submit
+
+        return spark_submit.BatchSparkSubmitHook(
+            conf={**self.conf, **(extra_conf or {})}, conn_id=self.conn_id, py_files=self.py_files, files=self.files,
+            application_args=self.args, env_vars=self.env, name=self.name, work_dir=work_dir,
+        )  # fmt: skip
 
 
 class SparkJob:

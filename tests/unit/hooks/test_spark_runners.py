@@ -99,13 +99,10 @@ def test_a_connect_session_is_kept_across_batches_only_on_request():
 
 
 class _RecordingSubmitHook:
-    """Stands in for ``BatchSparkSubmitHook``: keeps its arguments; a local master."""
-
-    env_goes_on_command_line = False
+    """Stands in for ``BatchSparkSubmitHook``: keeps its arguments."""
 
     def __init__(self, **kwargs):
         self.kwargs = kwargs
-        self._connection = {"master": "local[*]", "deploy_mode": None}
 
 
 class _RegionOnly:
@@ -128,7 +125,8 @@ def test_spark_submit_gives_the_job_the_transform_allow_list(monkeypatch, tmp_pa
     monkeypatch.setattr(spark_submit, "BatchSparkSubmitHook", _RecordingSubmitHook)
     settings = SparkJobSettings(spark_conn_id="spark_default", kinesis_hook=_RegionOnly(), transform=transform,
                                 transform_allowed_modules=allowed, job_credentials="none")  # fmt: skip
-    hook = SparkSubmitJob(settings)._build_hook(["--batch-id", "7"], str(tmp_path / "core.zip"), "orders", "lake", 7, None, None)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "spark://local%5B2%5D")  # a local master (no lookup of a missing one)
+    hook = SparkSubmitJob(settings)._job(["--batch-id", "7"], str(tmp_path / "core.zip"), "orders", "lake", 7, None, None).hook()
     assert hook.kwargs["application_args"] == ["--batch-id", "7", *expected]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook, exception_line
+from airflow_kinesis_spark.hooks.spark_submit import exception_line, failure_cause
 
 OUTPUT = """\
 26/11/24 00:16:27 INFO SparkContext: Running Spark version 4.1.1
@@ -36,9 +36,8 @@ def test_exception_lines(line, cause):
 
 
 def test_the_cause_is_the_last_exception_that_is_not_a_wrapper():
-    hook = BatchSparkSubmitHook(conn_id="spark_default")
-    hook._process_spark_submit_log(iter(OUTPUT.splitlines(keepends=True)))
-    assert hook.failure_cause == "java.io.IOException: Mkdirs failed to create file:/readonly/lake/_staging/batch_id=1-ab12"
-    quiet = BatchSparkSubmitHook(conn_id="spark_default")
-    quiet._process_spark_submit_log(iter(["26/11/24 INFO all good\n"]))
-    assert quiet.failure_cause is None
+    """(The hook reads the lines from its wrapper's copy of spark-submit's output: test_spark_submit_provider.py.)"""
+    assert failure_cause(OUTPUT.splitlines()) == "java.io.IOException: Mkdirs failed to create file:/readonly/lake/_staging/batch_id=1-ab12"
+    assert failure_cause(["26/11/24 INFO all good"]) is None
+    assert failure_cause(["py4j.protocol.Py4JJavaError: An error occurred while calling o45.parquet."]) == (
+        "py4j.protocol.Py4JJavaError: An error occurred while calling o45.parquet.")  # only a wrapper: it
