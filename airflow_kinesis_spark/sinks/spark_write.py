@@ -23,11 +23,20 @@ from typing import Any
 
 from airflow_kinesis_spark.core.schema import JOB_COLUMNS
 
-__all__ = ["QUARANTINE_DIR", "write_output", "output_rows"]
+__all__ = ["QUARANTINE_DIR", "PARQUET_WRITER_OPTIONS", "write_output", "output_rows"]
 
 
 #: Quarantine output, under ``{output_location}/_quarantine`` (a ``_`` folder: Spark's readers skip it).
 QUARANTINE_DIR = "_quarantine"
+#: Options of every Parquet write of the job (Hadoop configuration of parquet-mr's writer).
+#: The writer measures its buffered page and row group first after
+#: ``parquet.page.size.row.check.min`` rows (default 100; parquet-mr 1.13 and 1.16, Spark 3.5
+#: and 4, use it for both checks), then at intervals estimated from the mean row size. Records
+#: may be 10 MiB since October 2025 (Kinesis ``MaxRecordSizeInKiB`` up to 10,240): 100 of them
+#: are 1,000 MiB in the JVM before the first check flushes a row group meant to be 128 MiB
+#: (``parquet.block.size``). Checked from the first row on, the writer holds at most a row
+#: group and one row; small rows still get checks spaced out by the estimate.
+PARQUET_WRITER_OPTIONS = {"parquet.page.size.row.check.min": "1"}
 #: Spark's expressions for the partition transforms of ``airflow_kinesis_spark.sinks.PARTITION_TRANSFORMS``
 #: (UTC session time zone): values that group rows by partition (the table reads the partition
 #: value from each file's statistics, or, for Delta, the column itself).
@@ -69,7 +78,7 @@ def write_output(data: Any, plan: dict[str, Any], location: str) -> None:
         data = data.withColumn(name, _partition_column(transform, source))
     # No repartition (a shuffle stage on every batch): Spark's writer sorts each task's rows by the
     # partition columns and writes one file per (task, partition value); compaction merges them.
-    writer = data.write
+    writer = data.write.options(**PARQUET_WRITER_OPTIONS)
     if output.get("max_records_per_file"):
         writer = writer.option("maxRecordsPerFile", int(output["max_records_per_file"]))
     if partition:
@@ -99,4 +108,4 @@ def _write_quarantine(rows: Any, location: str) -> None:
     rows.where(F.col("_quarantine_reason").isNotNull()).select(
         "stream_name", "shard_id", "sequence_number", "sub_sequence_number", "partition_key", "approximate_arrival_timestamp",
         "data", F.col("_error_kind").alias("error_kind"), F.col("_quarantine_reason").alias("reason"),
-    ).write.mode("overwrite").parquet(f"{location}/{QUARANTINE_DIR}")  # fmt: skip
+    ).write.options(**PARQUET_WRITER_OPTIONS).mode("overwrite").parquet(f"{location}/{QUARANTINE_DIR}")  # fmt: skip
