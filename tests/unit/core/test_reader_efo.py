@@ -175,3 +175,34 @@ def test_cutoff_and_start_after_a_checkpoint_hold_for_efo():
     rng = make_range(Checkpoint(position=ExtendedSequenceNumber(seq(2))), cutoff=T0 + timedelta(seconds=6))
     records, report = read_efo(FakeFanOut(data), rng)
     assert [r.sequence_number for r in records] == [seq(i) for i in (3, 4, 5)] and report.stop_reason == "cutoff"
+
+
+def test_10_mib_records_and_an_aggregate_over_1_mib_larger_than_the_byte_cap_are_read_once_over_ranges():
+    """Records up to 10 MiB (Kinesis since October 2025), pushed one a event: a range capped at
+    4 MiB takes its first Kinesis record whole (10 MiB, or an aggregate of 3.6 MiB) and stops
+    before the next; ranges from each one's last extended sequence number read every user record
+    once, as polling does."""
+    from aws_kinesis_agg.aggregator import AggRecord
+
+    mib = 1024 * 1024
+    aggregate = AggRecord(max_size=10 * mib)
+    for j in range(3):
+        aggregate.add_user_record(f"k{j}", bytes([j]) * (1200 * 1024))
+    big = [plain(0, b"a" * (10 * mib)), plain(1, b"b" * (10 * mib - 1)), plain(3, b"c" * (10 * mib))]
+    records = big[:2] + [{**plain(2), "Data": aggregate.get_contents()[2]}] + big[2:]
+    # the user records' data sizes, range by range
+    expected_sizes = [[b"a" * (10 * mib)], [b"b" * (10 * mib - 1)], [b"." * (1200 * 1024)] * 3, [b"c" * (10 * mib)], []]
+    seen: list[tuple[str, int | None]] = []
+    checkpoint, ranges = None, 0
+    while True:
+        got, report = read_efo(FakeFanOut(records, per_event=1), make_range(checkpoint, max_bytes=4 * mib))
+        ranges += 1
+        seen += [(r.sequence_number, r.sub_sequence_number) for r in got]
+        assert [len(r.data) for r in got] == [len(u) for u in expected_sizes.pop(0)]
+        if not report.records:
+            break
+        # one Kinesis record's user records (a range from inside the aggregate re-reads it first)
+        assert len({k[0] for k in keys(got)}) == 1 and report.stop_reason in ("max_bytes", "caught_up")
+        checkpoint = Checkpoint.at(report.last.sequence_number, report.last.sub_sequence_number)
+    assert seen == [(seq(0), None), (seq(1), None), (seq(2), 0), (seq(2), 1), (seq(2), 2), (seq(3), None)]
+    assert ranges == 5
