@@ -37,6 +37,9 @@ subset, and then writes the report only when ``--output`` is given):
 8. **typed** (``benchmarks/typed.py``): JSON and Avro orders decoded by inline schemas in the
    Spark job: each backlog read behind the limits (as **throttled** reads raw records), and
    end to end warm against a raw consumer of the same backlog (as **unthrottled** runs ours).
+10. **large_records** (``benchmarks/large_records.py``): 10 MiB records on kinesalite behind the
+   limits proxy: a backlog read behind the limits, and the job's peak memory against a backlog of
+   1 MiB records of the same bytes.
 
 The last line printed is one JSON object with the headline figures.
 """
@@ -74,7 +77,7 @@ from demo.stack import ACCESS_KEY, REGION, ROOT, SECRET_KEY, moto_server, spark_
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "1g"}
 
 #: Sections in the order they run (``--only`` picks some).
-SECTIONS = ("throttled", "unthrottled", "fixed_cost", "scale", "shared", "freshness", "memory", "typed", "peers")
+SECTIONS = ("throttled", "unthrottled", "fixed_cost", "scale", "shared", "freshness", "memory", "typed", "peers", "large_records")
 
 
 def fixed_heap_conf(heap: str, gc_log: Path | None = None) -> dict[str, str]:
@@ -792,6 +795,14 @@ def section_peers(b: Bench) -> dict[str, Any]:
     return run_peers(b.kinesis, b.moto, b.lines, b.work, shards=b.args.shards, mib=b.args.peers_mib, new_stream=new_stream, log=b.log)
 
 
+def section_large_records(b: Bench) -> dict[str, Any]:
+    """10. 10 MiB records (``benchmarks/large_records.py``)."""
+    from benchmarks.large_records import run_large_records
+
+    return run_large_records(b, mib=b.args.large_records_mib, memory_mib=b.args.large_records_memory_mib,
+                             repeat=b.args.large_records_repeat, log=b.log)  # fmt: skip
+
+
 def headline(results: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of the sections that ran (the last line ``make bench`` prints)."""
     h: dict[str, Any] = {}
@@ -838,6 +849,10 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         from benchmarks.peers import peers_headline
 
         h["peers"] = peers_headline(results["peers"])
+    if "large_records" in results:
+        from benchmarks.large_records import large_records_headline
+
+        h["large_records"] = large_records_headline(results["large_records"])
     return h
 
 
@@ -880,6 +895,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="each typed backlog read warm by a raw and a typed consumer")
     parser.add_argument("--typed-repeat", type=int, default=3, help="typed unthrottled runs of each format (median of the ratios)")
     parser.add_argument("--peers-mib", type=float, default=160.0, help="the backlog each peer consumer reads, throttled and not")
+    parser.add_argument("--large-records-mib", type=float, default=160.0, help="the backlog of 10 MiB records read behind the limits")
+    parser.add_argument("--large-records-memory-mib", type=float, default=160.0,
+                        help="each backlog (10 MiB and 1 MiB records) whose job's peak memory is compared")
+    parser.add_argument("--large-records-repeat", type=int, default=2, help="ingests of each memory backlog (maximum of the peaks)")
     parser.add_argument("--output", default=None, help="the report (default docs/benchmarks.md; with --only, none)")
     args = parser.parse_args(argv)
     only = args.only or list(SECTIONS)
@@ -901,7 +920,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.connect = stack.enter_context(spark_connect_server(cores=2))
         sections = {"throttled": section_throttled, "unthrottled": section_unthrottled, "fixed_cost": section_fixed_cost,
                     "scale": section_scale, "shared": section_shared, "freshness": section_freshness,
-                    "memory": section_memory, "typed": section_typed, "peers": section_peers}  # fmt: skip
+                    "memory": section_memory, "typed": section_typed, "peers": section_peers,
+                    "large_records": section_large_records}  # fmt: skip
         for name in SECTIONS:
             if name in only:
                 started = time.monotonic()
