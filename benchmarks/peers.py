@@ -73,8 +73,9 @@ LEFT_OUT = {
     ),
     "kcl-rs": (
         "a Rust port of the KCL v3 with Python bindings (0.1.x, first released 2026): installs cleanly "
-        "(an abi3 wheel), but it is young and its lease coordination (DynamoDB lease table, lease taking "
-        "before the first read) makes a read-rate figure depend on its lease timings; not measured yet."
+        "(an abi3 wheel without dependencies), not measured yet: a KCL worker needs its lease table in "
+        "DynamoDB (moto would serve it, the proxy passes it through) and takes its leases before it reads; "
+        "its adapter is not written."
     ),
     "kinesis-python, kinsumer, aiokinesis, async-kinesis-client, kcpy": (
         "last released 2017-2019: not maintained."
@@ -268,7 +269,7 @@ def run_peers(kinesis: Any, moto: str, lines: list[bytes], work: Path, *, shards
     :returns: ``{"backlog_mib", "user_records", "kinesis_records", "shards", "limit_bytes_per_second",
         "consumers": {name: {"throttled": {...}, "unthrottled": {...}}}, "versions", "left_out"}``.
     """
-    stream = "bench-peers"
+    stream, commit = "bench-peers", _commit()  # the code the run starts with (the consumers' processes import it anew)
     new_stream(kinesis, stream, shards)
     loaded = load_backlog(kinesis, stream, mib, lines)
     log(f"peers: loaded {loaded}")
@@ -280,7 +281,7 @@ def run_peers(kinesis: Any, moto: str, lines: list[bytes], work: Path, *, shards
         "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
         "kinesis_records": loaded["kinesis_records"], "shards": shards, "limit_bytes_per_second": shards * 2 * MIB,
         "consumers": consumers, "versions": {"async-kinesis": metadata.version("async-kinesis")},
-        "left_out": LEFT_OUT, "commit": _commit(),
+        "left_out": LEFT_OUT, "commit": commit,
     }  # fmt: skip
 
 
@@ -327,7 +328,7 @@ def peers_markdown(peers: dict[str, Any], heading: str) -> list[str]:
     """The section of ``docs/benchmarks.md`` (lines)."""
     p, limit = peers, peers["limit_bytes_per_second"]
     out = [heading, "",
-           f"Measured at commit {p['commit']} (async-kinesis {p['versions']['async-kinesis']}). Backlog: {p['backlog_mib']:.1f} MiB "
+           f"Measured on the working tree of commit {p['commit']} (async-kinesis {p['versions']['async-kinesis']}). Backlog: {p['backlog_mib']:.1f} MiB "
            f"({p['user_records']:,} user records in {p['kinesis_records']:,} Kinesis records) on {p['shards']} shards, one stream "
            "read whole by each consumer in turn, from `TRIM_HORIZON`, each in a process of its own and behind a limits proxy "
            "process of its own (the throttled section's settings; unthrottled, only the response caps). Read rate and "

@@ -37,6 +37,9 @@ subset, and then writes the report only when ``--output`` is given):
 8. **typed** (``benchmarks/typed.py``): JSON and Avro orders decoded by inline schemas in the
    Spark job: each backlog read behind the limits (as **throttled** reads raw records), and
    end to end warm against a raw consumer of the same backlog (as **unthrottled** runs ours).
+9. **peers** (``benchmarks/peers.py``): ours, async-kinesis and the naive consumer read one
+   backlog whole, each in a process of its own (its CPU seconds) behind a limits proxy of its
+   own, throttled and unthrottled.
 10. **large_records** (``benchmarks/large_records.py``): 10 MiB records on kinesalite behind the
    limits proxy: a backlog read behind the limits, and the job's peak memory against a backlog of
    1 MiB records of the same bytes.
