@@ -6,7 +6,7 @@ from __future__ import annotations
 import boto3
 from botocore.stub import Stubber
 
-from benchmarks.scale import _CallCounter, scale_markdown, scale_targets
+from benchmarks.scale import _CallCounter, scale_headline, scale_markdown, scale_targets
 
 RESULT = {
     "records_per_shard": 20, "repeat": 1, "pool_full_warnings": 0,
@@ -40,10 +40,24 @@ def test_the_call_counter_counts_each_clients_calls_while_entered_only():
 
 def test_the_report_gives_each_shard_counts_calls_and_the_targets():
     text = "\n".join(scale_markdown(RESULT))
-    assert "| 4 | 8 / 2 | 8 / 3 | 20 |" in text
-    assert "| 256 | 512 / 1 | 20 / 258 | 788 |" in text
+    assert "| 4 | 8 / 2 | 8 / 3 | 20 | 2 |" in text
+    assert "| 256 | 512 / 1 | 20 / 258 | 788 | 2 |" in text
     assert scale_targets(RESULT) == [
         ("no-data run at 256 shards < 2 s", "3.00 s", False),
         ("warm small batch at 256 shards <= 3x the 4-shard one", "2.50x", True),
         ("no connection-pool warnings", "0", True),
+        ("fewer than 2 Kinesis calls per idle shard (no-data run, every shard count)", "2 (at 4 shards)", False),
     ]
+
+
+def test_larger_counts_are_held_to_the_time_per_shard_at_256_and_give_calls_per_idle_shard():
+    result = {**RESULT, "median_s": {**RESULT["median_s"], "4096": {"no_data": 40.0, "small": 96.0}},
+              "runs": {**RESULT["runs"], "4096": {"no_data": [40.0], "small": [96.0], "records": [81920],
+                                                  "no_data_calls": [{"kinesis.GetRecords": 4096, "kinesis.ListShards": 5}],
+                                                  "small_calls": [{}], "small_kinesis_reads": [9000]}}}  # fmt: skip
+    targets = scale_targets(result)
+    # per shard: 40/4096 against 3/256 is 0.83x; 96/4096 against 5/256 is 1.20x
+    assert ("no-data run: time per shard at 4096 shards <= 1.2x that at 256", "0.83x", True) in targets
+    assert ("warm small batch: time per shard at 4096 shards <= 1.2x that at 256", "1.20x", True) in targets
+    assert targets[-1] == ("fewer than 2 Kinesis calls per idle shard (no-data run, every shard count)", "2 (at 4 shards)", False)
+    assert scale_headline(result)["4096"] == {"no_data_s": 40.0, "small_batch_s": 96.0, "kinesis_calls_per_idle_shard": 1.001}
