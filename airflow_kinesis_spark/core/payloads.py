@@ -115,6 +115,11 @@ def _checkpoint_at(value: Any, path: str) -> Checkpoint:
     for name in ("timestamp", "clear_until"):
         if data.get(name):
             _timestamp_at(data[name], _at(path, name))
+    if data.get("resume_iterator") is not None and not isinstance(data["resume_iterator"], str):
+        raise _Malformed(_at(path, "resume_iterator"), f"expected a string or null, found {_json_kind(data['resume_iterator'])}")
+    at = data.get("resume_iterator_at")
+    if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float))):
+        raise _Malformed(_at(path, "resume_iterator_at"), f"expected a number or null, found {_json_kind(at)}")
     return _parsed(path, Checkpoint.from_dict, data)
 
 

@@ -311,10 +311,15 @@ def advance(shard_range: ShardRange, report: ShardReport) -> Checkpoint:
     nothing was read from an ``AT_TIMESTAMP`` start, ``AT_TIMESTAMP cutoff`` (no record arrived
     in between); else the starting checkpoint, unchanged. The result's ``clear_until`` is the
     cutoff when reading stopped at the cutoff or the tip (every later record arrives after it),
-    else the last record's arrival.
+    else the last record's arrival. Its ``resume_iterator`` is the report's ``next_iterator``
+    (a polled read that stopped at the tip; none otherwise).
     """
     if report.shard_end:
         return Checkpoint(Sentinel.SHARD_END)
+    return _advanced(shard_range, report).with_resume_iterator(report.next_iterator, report.next_iterator_at)
+
+
+def _advanced(shard_range: ShardRange, report: ShardReport) -> Checkpoint:
     reached_cutoff = report.stop_reason in ("cutoff", "caught_up")
     start = shard_range.start_checkpoint
     if report.last is not None:

@@ -156,6 +156,13 @@ class Checkpoint:
     #: Every record after this checkpoint arrived at or after this time, as far as the batch that
     #: made it knows (UTC). Metadata for the trim-horizon check: not part of the position.
     clear_until: datetime | None = field(default=None, compare=False)
+    #: The ``NextShardIterator`` of the read that made this checkpoint, when that read ended at the
+    #: shard's tip (``caught_up``): it points just after the checkpoint, so the next batch's probe
+    #: may call ``GetRecords`` with it instead of ``GetShardIterator`` + ``GetRecords`` while it is
+    #: valid (``resume_iterator_at``: seconds since the epoch when the read got it). A hint, not
+    #: part of the position (see ``core.probes.probe_ranges``).
+    resume_iterator: str | None = field(default=None, compare=False)
+    resume_iterator_at: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if (self.sentinel is None) == (self.position is None):
@@ -172,6 +179,17 @@ class Checkpoint:
     def with_clear_until(self, value: datetime | None) -> Checkpoint:
         """A copy that knows no record after it arrived before ``value``."""
         return replace(self, clear_until=value)
+
+    def with_resume_iterator(self, iterator: str | None, issued_at: float | None) -> Checkpoint:
+        """A copy with ``resume_iterator`` (``None``: none) got at ``issued_at`` (epoch seconds)."""
+        return replace(self, resume_iterator=iterator, resume_iterator_at=issued_at if iterator else None)
+
+    def resume_iterator_for(self, now: float, max_age: float) -> str | None:
+        """``resume_iterator`` if it was got less than ``max_age`` seconds before ``now`` (epoch
+        seconds), else ``None``."""
+        if self.resume_iterator and self.resume_iterator_at is not None and 0 <= now - self.resume_iterator_at < max_age:
+            return self.resume_iterator
+        return None
 
     @classmethod
     def at(cls, sequence_number: str, sub_sequence_number: int | None = None) -> Checkpoint:
@@ -191,6 +209,9 @@ class Checkpoint:
             out["timestamp"] = format_timestamp(self.timestamp)
         if self.clear_until is not None:
             out["clear_until"] = format_timestamp(self.clear_until)
+        if self.resume_iterator:
+            out["resume_iterator"] = self.resume_iterator
+            out["resume_iterator_at"] = self.resume_iterator_at
         return out
 
     @classmethod
@@ -198,9 +219,16 @@ class Checkpoint:
         kind = data["type"]
         clear_until = parse_timestamp(data["clear_until"]) if data.get("clear_until") else None
         if kind == "SEQUENCE":
-            return cls(position=ExtendedSequenceNumber.from_dict(data), clear_until=clear_until)
-        ts = parse_timestamp(data["timestamp"]) if data.get("timestamp") else None
-        return cls(sentinel=Sentinel(kind), timestamp=ts, clear_until=clear_until)
+            checkpoint = cls(position=ExtendedSequenceNumber.from_dict(data), clear_until=clear_until)
+        else:
+            ts = parse_timestamp(data["timestamp"]) if data.get("timestamp") else None
+            checkpoint = cls(sentinel=Sentinel(kind), timestamp=ts, clear_until=clear_until)
+        iterator, at = data.get("resume_iterator"), data.get("resume_iterator_at")
+        if iterator is not None and not isinstance(iterator, str):
+            raise TypeError(f"resume_iterator: expected a string or null, found {type(iterator).__name__}")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float))):
+            raise TypeError(f"resume_iterator_at: expected a number or null, found {type(at).__name__}")
+        return checkpoint.with_resume_iterator(iterator or None, float(at) if at is not None else None)
 
     def __str__(self) -> str:
         if self.position is not None:

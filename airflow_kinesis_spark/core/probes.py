@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 # selects the probes' line by its logger's name keeps working.
 log = logging.getLogger(reader.__name__)
 
-__all__ = ["probe_ranges", "log_probes"]
+__all__ = ["RESUME_ITERATOR_SECONDS", "probe_ranges", "log_probes"]
 
 
 #: Probe threads per connection the Kinesis client pools (:func:`probe_ranges`): a probe that
@@ -110,9 +111,16 @@ class _GatedClient:
         return call
 
 
+#: Seconds a checkpoint's ``resume_iterator`` is used for after its read got it: shard iterators
+#: expire 5 minutes after they are returned (Kinesis API reference, GetShardIterator); the
+#: minute's margin covers the time between the service issuing it and the read noting it.
+RESUME_ITERATOR_SECONDS = 240.0
+
+
 def probe_ranges(
-    client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False, **reader_kwargs: Any
-) -> list[ShardReport]:
+    client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False,
+    reuse_iterators: bool = False, **reader_kwargs: Any,
+) -> list[ShardReport]:  # fmt: skip
     """Probe every range (see :func:`~airflow_kinesis_spark.core.reader.probe_reader`) in parallel
     threads; reports in ``ranges``' order.
 
@@ -129,9 +137,16 @@ def probe_ranges(
         started by then are not probed and have no report: the list then holds fewer reports
         than ``ranges`` (still in their order). A probe that finds only quarantined records does
         not stop the others. Without a user record in any range every range is probed.
+    :param reuse_iterators: a range whose starting checkpoint holds a ``resume_iterator`` got less
+        than :data:`RESUME_ITERATOR_SECONDS` ago (the last batch read the shard to its tip) is
+        probed with one ``GetRecords`` on it instead of ``GetShardIterator`` + ``GetRecords``;
+        a refused iterator falls back to both. The checkpoint store holds these iterators, so a
+        probe on one is a hint: the caller decides what may follow from it (``core.protocol``
+        commits nothing on such probes alone).
     """
     if not ranges:
         return []
+    now = time.time()
     found = threading.Event()
 
     connections = pool_threads(client, len(ranges))
@@ -141,7 +156,8 @@ def probe_ranges(
         try:
             # Looked up on core.reader at each call, so a wrapper set there takes effect (a test
             # counts the probes in flight that way).
-            report = reader.probe_range(_GatedClient(client, gate), stream_name, rng, **reader_kwargs)
+            resume = rng.start_checkpoint.resume_iterator_for(now, RESUME_ITERATOR_SECONDS) if reuse_iterators else None
+            report = reader.probe_range(_GatedClient(client, gate), stream_name, rng, resume_iterator=resume, **reader_kwargs)
         except _ProbesStopped:
             return None
         if until_record and report.records:

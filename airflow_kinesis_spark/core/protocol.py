@@ -302,9 +302,7 @@ def prepare_incremental(
     if not plan.ranges:
         log.info("No shard to read: every shard is at SHARD_END or waiting for its parents (%s)", dict(plan.waiting))
         return PreparedBatch(summary=incremental_summary(plan, [], plan.checkpoints, "no_new_records", reused=False, sink=settings.sink))
-    # Up to the first user record: the job then reads every range, and the other probes would tell nothing more.
-    probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval, until_record=True)
-    log_probes(probes, len(plan.ranges))
+    probes = _probe_batch(kinesis, plan, settings)
     if not any(r.records or r.quarantined for r in probes):  # no record: every range was probed
         return PreparedBatch(summary=_commit_without_records(kinesis, store, plan, probes, owner, settings))
     plan = _for_job(kinesis, plan, settings)
@@ -535,6 +533,31 @@ def check_dead_letters(plan: BatchPlan, reports: Sequence[ShardReport]) -> None:
         "way discard the pending batch (kinesis-spark discard-pending): its plan holds the settings it was planned with.",
         batch_id=plan.batch_id, records=records, dead_letters=dead, limit=limit,
     )  # fmt: skip
+
+
+def _probe_batch(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings) -> list[ShardReport]:
+    """Probe the batch's ranges up to the first user record (the job then reads every range, and
+    the other probes would tell nothing more).
+
+    The checkpoints' stored shard iterators (``Checkpoint.resume_iterator``: one ``GetRecords``
+    per idle shard instead of two) are used only when no checkpoint can be committed from empty
+    probes alone, as the checkpoint store holds them and a wrong one must cost at most a delay:
+    not for a plan with a new shard or with an idle shard's ``clear_until`` due for a refresh
+    (:func:`_commit_without_records`), and a shard's end seen on one is probed again from
+    ``GetShardIterator`` before anything is committed. A probe that finds a record only starts the
+    job, which reads from the checkpoints.
+    """
+    planned = [r.shard_id for r in plan.ranges]
+    reuse = set(planned) <= set(plan.checkpoints) and not any(
+        _needs_idle_refresh(r.start_checkpoint, plan.cutoff) for r in plan.ranges)  # fmt: skip
+    probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval,
+                          until_record=True, reuse_iterators=reuse)  # fmt: skip
+    if reuse and not any(r.records or r.quarantined for r in probes) and any(r.shard_end for r in probes):
+        log.info("A probe on a stored shard iterator reached a shard's end: probing every range again from "
+                 "GetShardIterator before that end is committed")  # fmt: skip
+        probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval, until_record=True)
+    log_probes(probes, len(plan.ranges))
+    return probes
 
 
 def _commit_without_records(

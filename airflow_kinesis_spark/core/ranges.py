@@ -190,6 +190,11 @@ class ShardReport:
     :param read_ended: when it stopped (seconds since the epoch).
     :param response_bytes: data bytes of every Kinesis record GetRecords returned, read or not
         (what the service's 2 MiB/s per-shard read limit counts).
+    :param next_iterator: a polled read that stopped ``caught_up``: the last response's
+        ``NextShardIterator`` (just after ``last``, or after the start when nothing was read);
+        ``None`` otherwise. The commit keeps it in the checkpoint for the next probe
+        (``Checkpoint.resume_iterator``).
+    :param next_iterator_at: when the read got ``next_iterator`` (seconds since the epoch).
     """
 
     shard_id: str
@@ -214,6 +219,8 @@ class ShardReport:
     read_ended: float | None = None
     response_bytes: int = 0
     dead_letters: int = 0
+    next_iterator: str | None = None
+    next_iterator_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -239,6 +246,8 @@ class ShardReport:
             "read_ended": self.read_ended,
             "response_bytes": self.response_bytes,
             "dead_letters": self.dead_letters,
+            "next_iterator": self.next_iterator,
+            "next_iterator_at": self.next_iterator_at,
         }
 
     @classmethod

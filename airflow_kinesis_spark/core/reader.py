@@ -244,6 +244,10 @@ class ShardReader:
         Kinesis record read. ``ResourceInUseException`` (another subscription of this consumer to
         the shard is still open) and ``LimitExceededException`` on the call are retried with
         backoff; both count in the report's ``throttled_calls``.
+    :param resume_iterator: a shard iterator pointing at the range's start (the
+        ``Checkpoint.resume_iterator`` a previous read left, valid 5 minutes: Kinesis API
+        reference, GetShardIterator), used by the first ``GetRecords`` call instead of one from
+        ``GetShardIterator``. Polling only.
 
     A corrupt KPL aggregate does not stop the read: it is yielded as one record with
     ``quarantine_reason`` set and counted in the report's ``quarantined``.
@@ -272,6 +276,7 @@ class ShardReader:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         consumer_arn: str | None = None,
+        resume_iterator: str | None = None,
     ) -> None:
         if not 1 <= limit <= GET_RECORDS_MAX_LIMIT:
             raise ValueError(f"limit must be 1..{GET_RECORDS_MAX_LIMIT} (GetRecords Limit), got {limit}")
@@ -279,6 +284,9 @@ class ShardReader:
         self.stream_name = stream_name
         self.range = shard_range
         self.consumer_arn = consumer_arn
+        self.resume_iterator = resume_iterator
+        #: When :attr:`next_iterator` was got (seconds since the epoch).
+        self.next_iterator_at: float | None = None
         self.limit = limit
         self.min_call_interval = min_call_interval
         if read_bytes_per_second is not None and read_bytes_per_second <= 0:
@@ -434,6 +442,7 @@ class ShardReader:
             if self._take(record, self._cutoff, self._ending, page):
                 return page
         self.next_iterator = response.get("NextShardIterator")
+        self.next_iterator_at = time.time()
         if self.next_iterator is None:
             self._p.stop_reason = "shard_end"
         elif response.get("MillisBehindLatest") == 0 and (
@@ -471,8 +480,16 @@ class ShardReader:
             read_started=p.read_started,
             read_ended=p.read_ended,
             response_bytes=p.response_bytes,
+            **self._resume_fields(),
         )
         return self.report
+
+    def _resume_fields(self) -> dict[str, Any]:
+        """``next_iterator`` / ``next_iterator_at`` of the report: only for a polled read that
+        stopped at the tip (``caught_up``), whose last iterator points just after what it read."""
+        if self.consumer_arn or self._p.stop_reason != "caught_up" or not self.next_iterator:
+            return {}
+        return {"next_iterator": self.next_iterator, "next_iterator_at": self.next_iterator_at}
 
     # -- the synchronous driver ----------------------------------------------------------------
 
@@ -577,8 +594,15 @@ class ShardReader:
         return attempt + 1
 
     def _polled_pages(self) -> Iterator[Page]:
-        """The GetRecords driver."""
-        self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
+        """The GetRecords driver. With :attr:`resume_iterator` the first call is ``GetRecords``
+        with it; when the service refuses it (expired, or not an iterator it issued:
+        ``ExpiredIteratorException``, ``InvalidArgumentException``) the read starts over with
+        ``GetShardIterator`` at the range's start."""
+        resumed = self.resume_iterator
+        if resumed:
+            self.start(resumed)
+        else:
+            self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
         while not self.done:
             if self._ready_at is not None:
                 wait = self._ready_at - self._clock()
@@ -586,14 +610,27 @@ class ShardReader:
                     self._sleep(wait)
             try:
                 response = self._call("get_records", **self.records_request(self.next_iterator))  # type: ignore[arg-type]
-            except self.client.exceptions.ExpiredIteratorException:
-                self.iterator_expired()
-                self._ready_at = self._clock() + self.min_call_interval
+            except self.client.exceptions.ExpiredIteratorException as err:
+                if resumed is not None:
+                    resumed = None
+                    self._resume_refused(err)
+                else:
+                    self.iterator_expired()
+                    self._ready_at = self._clock() + self.min_call_interval
+                self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
+                continue
+            except self.client.exceptions.ClientError as err:
+                if resumed is None or err.response.get("Error", {}).get("Code") != "InvalidArgumentException":
+                    self._ready_at = self._clock() + self.min_call_interval
+                    raise
+                resumed = None
+                self._resume_refused(err)
                 self.start(self._call("get_shard_iterator", **self.iterator_request()).get("ShardIterator"))
                 continue
             except BaseException:
                 self._ready_at = self._clock() + self.min_call_interval
                 raise
+            resumed = None
             page = self.accept(response)
             # The service charges a response's bytes to the call that returned them ("after a
             # 10 MiB response, the next 5 seconds of calls are throttled"): the pause runs from
@@ -603,6 +640,13 @@ class ShardReader:
             self._ready_at = self._sent_at + pause + (PACING_MARGIN_S if pause > 0 else 0.0)
             if page:
                 yield page
+
+    def _resume_refused(self, err: Exception) -> None:
+        """The first ``GetRecords`` on :attr:`resume_iterator` was refused: it read nothing (not
+        counted as a response); the read starts over from ``GetShardIterator``."""
+        self._p.calls -= 1
+        log.info("shard %s: the stored shard iterator was refused (%s); starting from %s",
+                 self.range.shard_id, type(err).__name__, self.range.start_checkpoint)  # fmt: skip
 
     def _take(self, record: Mapping[str, Any], cutoff: datetime, ending: int | None, page: Page) -> bool:
         """Apply the stop rules to one Kinesis record; add its user records to ``page``.
@@ -765,7 +809,9 @@ def read_concurrently(
             thread.join(timeout=5)
 
 
-def probe_reader(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReader:
+def probe_reader(
+    client: Any, stream_name: str, shard_range: ShardRange, *, resume_iterator: str | None = None, **reader_kwargs: Any
+) -> ShardReader:
     """A reader of the range's first user record (record cap 1; ``Limit`` 1, or 2 when the range
     starts by re-reading an aggregate whose first user records are committed: that aggregate
     usually holds none left, and the second Kinesis record then comes with the same call
@@ -774,12 +820,12 @@ def probe_reader(client: Any, stream_name: str, shard_range: ShardRange, **reade
     The stop rules are those of a full read, so a report with ``records == 0`` is the full
     report of an empty range (cutoff, caught up or shard end), and the batch needs no Spark job;
     otherwise the report's ``first`` and ``first_arrival`` tell the oldest unconsumed record.
-    An aggregated first record is read whole.
+    An aggregated first record is read whole. ``resume_iterator``: see :class:`ShardReader`.
     """
     # Every field of the range is kept (slice index, hash key range, ...): only the record cap changes.
     capped = replace(shard_range, max_records=1)
     limit = 2 if shard_range.start.skip_through_sub_sequence_number is not None else 1
-    reader = ShardReader(client, stream_name, capped, limit=limit, **reader_kwargs)
+    reader = ShardReader(client, stream_name, capped, limit=limit, resume_iterator=resume_iterator, **reader_kwargs)
     reader.probe = True
     return reader
 

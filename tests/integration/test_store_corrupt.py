@@ -351,6 +351,23 @@ def test_a_checkpoint_with_an_unknown_sentinel_is_corrupt(store, sentinel):
     assert f"unknown checkpoint type {sentinel!r}" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [("resume_iterator", 7, "expected a string or null, found a number 7"),
+     ("resume_iterator", {"ShardIterator": "x"}, "expected a string or null"),
+     ("resume_iterator_at", "soon", "expected a number or null, found a string 'soon'"),
+     ("resume_iterator_at", True, "expected a number or null")],
+)  # fmt: skip
+def test_a_checkpoints_stored_shard_iterator_of_another_type_is_corrupt(store, name, value, problem):
+    committed(store)
+    sk = chunk_sk(1, "CKPT", "run-a")
+    plant(store, sk, lambda checkpoints: checkpoints["shardId-000000000000"].update({name: value}))
+    with nothing_moves(store), pytest.raises(CheckpointStoreCorruptError) as info:
+        store.committed_checkpoints()
+    assert_names(info.value, store, sk, f"checkpoints['shardId-000000000000'].{name}", RESTORE)
+    assert problem in str(info.value)
+
+
 @pytest.mark.parametrize("number", ["12ab", "-5", "1e5", 12, ""])
 def test_a_sequence_number_that_is_not_a_decimal_string_is_corrupt(store, number):
     committed(store)

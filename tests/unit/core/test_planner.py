@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -415,6 +417,29 @@ def test_advance_at_timestamp_never_moves_back():
 def test_advance_unchanged_when_nothing_read():
     for start in (Checkpoint(Sentinel.TRIM_HORIZON), Checkpoint.at(seq(3)), Checkpoint.at(seq(3), 1)):
         assert advance(_range(start), report(sid(0))) == start
+
+
+def test_advance_keeps_the_reads_last_iterator_as_a_hint_for_the_next_probe():
+    start = Checkpoint.at(seq(3)).with_resume_iterator("old", 1.0)
+    read = replace(report(sid(0), E(4), E(5), records=2), next_iterator="it-5", next_iterator_at=1000.5)
+    got = advance(_range(start), read)
+    assert got == Checkpoint.at(seq(5)) and (got.resume_iterator, got.resume_iterator_at) == ("it-5", 1000.5)
+    idle = advance(_range(start), replace(report(sid(0)), next_iterator="it-3", next_iterator_at=2000.0))
+    assert idle == start and idle.resume_iterator == "it-3"  # nothing read: same position, the newer iterator
+    # a read that stopped elsewhere than the tip has none: the old one is dropped, not carried on
+    capped = advance(_range(start), report(sid(0), E(4), E(4), stop_reason="max_records"))
+    assert capped.resume_iterator is None and capped.resume_iterator_at is None
+    assert advance(_range(start), report(sid(0), shard_end=True)).resume_iterator is None
+
+
+def test_a_checkpoints_iterator_is_stored_and_used_while_young():
+    ckpt = Checkpoint.at(seq(5), 2).with_resume_iterator("it", 100.0)
+    assert Checkpoint.from_dict(ckpt.to_dict()).resume_iterator == "it"
+    assert Checkpoint.from_dict(ckpt.to_dict()).resume_iterator_at == 100.0
+    assert "resume_iterator" not in Checkpoint.at(seq(5)).to_dict()  # none: nothing stored
+    assert ckpt.resume_iterator_for(now=339.0, max_age=240.0) == "it"
+    assert ckpt.resume_iterator_for(now=340.0, max_age=240.0) is None  # too old
+    assert ckpt.resume_iterator_for(now=99.0, max_age=240.0) is None  # from the future: a clock or a forgery
 
 
 # -- validate_report ---------------------------------------------------------------------------------------
