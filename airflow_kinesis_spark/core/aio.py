@@ -25,7 +25,8 @@ from airflow_kinesis_spark.core.lag import (
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import Checkpoint
 from airflow_kinesis_spark.core.read_options import MIN_CALL_INTERVAL_S
-from airflow_kinesis_spark.core.reader import ShardReader, probe_reader
+from airflow_kinesis_spark.core.probes import probe_reader
+from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.shards import ListShardsPager, Shard, raise_for_stream
 from airflow_kinesis_spark.core.head import Head
@@ -98,7 +99,7 @@ async def _step(reader: ShardReader, client: Any) -> None:
 
 
 async def probe_range(client: Any, stream_name: str, shard_range: ShardRange) -> ShardReport:
-    """Async ``reader.probe_range``: at most one Kinesis record of the range."""
+    """Async ``probes.probe_range``: at most one Kinesis record of the range."""
     reader = probe_reader(None, stream_name, shard_range, min_call_interval=0)
     response = await _call(reader, client.get_shard_iterator, **reader.iterator_request())
     reader.start(response.get("ShardIterator"))

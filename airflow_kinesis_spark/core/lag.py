@@ -136,7 +136,7 @@ def lag_plan(
 
 
 def shard_lag(shard_range: ShardRange, probe: ShardReport, now: datetime) -> ShardLag:
-    """Lag of one shard from the probe of its range (see ``reader.probe_range``)."""
+    """Lag of one shard from the probe of its range (see ``probes.probe_range``)."""
     arrival = probe.first_arrival if probe.records else None
     age = max(0, int((to_utc(now) - arrival).total_seconds() * 1000)) if arrival else None
     return ShardLag(
@@ -167,7 +167,7 @@ def lag_from_probes(plan: BatchPlan, probes: Sequence[ShardReport], now: datetim
     """:func:`lag_summary` of a :func:`lag_plan` from the probes of its ranges: what every lag
     measurement (sync, async, the CLI) returns once its probes are back.
 
-    :param probes: one report per range of ``plan.ranges``, in that order (``reader.probe_range``).
+    :param probes: one report per range of ``plan.ranges``, in that order (``probes.probe_range``).
     :param now: the time the plan was made for (UTC): ages are measured to it.
     :raises ValueError: not one probe per range.
     """

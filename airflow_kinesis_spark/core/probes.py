@@ -2,7 +2,7 @@
 
 Before a batch starts its job (and for a window or a lag measurement) every range is probed
 (:func:`probe_ranges`) with a reader capped at one record
-(:func:`~airflow_kinesis_spark.core.reader.probe_reader`): a probe that finds nothing is the full
+(:func:`probe_reader`, :func:`probe_range`): a probe that finds nothing is the full
 report of an empty range, and a batch whose probes find nothing needs no Spark job. The probes run
 in threads over one shared client, with no more of its calls in flight than it pools connections.
 :func:`log_probes` sums them up in one log line.
@@ -18,17 +18,44 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
-from airflow_kinesis_spark.core import reader
 from airflow_kinesis_spark.core.pool import pool_threads
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
+from airflow_kinesis_spark.core.reader import ShardReader
 
 # The reader's logger, as before the probes left core.reader: a logging configuration that
 # selects the probes' line by its logger's name keeps working.
-log = logging.getLogger(reader.__name__)
+log = logging.getLogger(ShardReader.__module__)
 
-__all__ = ["RESUME_ITERATOR_SECONDS", "probe_ranges", "log_probes"]
+__all__ = ["RESUME_ITERATOR_SECONDS", "probe_reader", "probe_range", "probe_ranges", "log_probes"]
+
+
+def probe_reader(
+    client: Any, stream_name: str, shard_range: ShardRange, *, resume_iterator: str | None = None, **reader_kwargs: Any
+) -> ShardReader:
+    """A reader of the range's first user record (record cap 1; ``Limit`` 1, or 2 when the range
+    starts by re-reading an aggregate whose first user records are committed: that aggregate
+    usually holds none left, and the second Kinesis record then comes with the same call
+    instead of one more call ``min_call_interval`` later).
+
+    The stop rules are those of a full read, so a report with ``records == 0`` is the full
+    report of an empty range (cutoff, caught up or shard end), and the batch needs no Spark job;
+    otherwise the report's ``first`` and ``first_arrival`` tell the oldest unconsumed record.
+    An aggregated first record is read whole. ``resume_iterator``: see :class:`ShardReader`.
+    """
+    # Every field of the range is kept (slice index, hash key range, ...): only the record cap changes.
+    capped = replace(shard_range, max_records=1)
+    limit = 2 if shard_range.start.skip_through_sub_sequence_number is not None else 1
+    reader = ShardReader(client, stream_name, capped, limit=limit, resume_iterator=resume_iterator, **reader_kwargs)
+    reader.probe = True
+    return reader
+
+
+def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
+    """Read at most one Kinesis record of a range (see :func:`probe_reader`) with a boto3 client."""
+    return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]
 
 
 #: Probe threads per connection the Kinesis client pools (:func:`probe_ranges`): a probe that
@@ -121,7 +148,7 @@ def probe_ranges(
     client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False,
     reuse_iterators: bool = False, **reader_kwargs: Any,
 ) -> list[ShardReport]:  # fmt: skip
-    """Probe every range (see :func:`~airflow_kinesis_spark.core.reader.probe_reader`) in parallel
+    """Probe every range (see :func:`probe_reader`) in parallel
     threads; reports in ``ranges``' order.
 
     The threads share ``client``, and at most as many of its calls are in flight at once as it
@@ -154,10 +181,10 @@ def probe_ranges(
 
     def probe(rng: ShardRange) -> ShardReport | None:
         try:
-            # Looked up on core.reader at each call, so a wrapper set there takes effect (a test
-            # counts the probes in flight that way).
+            # probe_range is looked up on this module at each call, so a wrapper set there takes
+            # effect (a test counts the probes in flight that way).
             resume = rng.start_checkpoint.resume_iterator_for(now, RESUME_ITERATOR_SECONDS) if reuse_iterators else None
-            report = reader.probe_range(_GatedClient(client, gate), stream_name, rng, resume_iterator=resume, **reader_kwargs)
+            report = probe_range(_GatedClient(client, gate), stream_name, rng, resume_iterator=resume, **reader_kwargs)
         except _ProbesStopped:
             return None
         if until_record and report.records:

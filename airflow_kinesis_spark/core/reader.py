@@ -1,7 +1,9 @@
 """Read one planned shard range: shard iterators, paging, backoff, stop rules.
 
-KPL aggregates are split into their user records by :mod:`airflow_kinesis_spark.core.kpl`; many
-ranges are probed at once by :mod:`airflow_kinesis_spark.core.probes`.
+KPL aggregates are split into their user records by :mod:`airflow_kinesis_spark.core.kpl`; the
+records read come in :class:`~airflow_kinesis_spark.core.pages.Page` objects; enhanced fan-out
+subscriptions are driven by :mod:`airflow_kinesis_spark.core.fanout`; many ranges are read at once
+by :mod:`airflow_kinesis_spark.core.concurrent_read` and probed by :mod:`airflow_kinesis_spark.core.probes`.
 
 This module is the only place where the stop rules live (DESIGN.md, batch protocol step 2).
 A range is read from its start position until the first of:
@@ -23,21 +25,16 @@ No Airflow import: this module runs in Spark executors.
 from __future__ import annotations
 
 import logging
-import queue
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from itertools import chain, repeat
-from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
-import urllib3.exceptions
-from botocore.exceptions import HTTPClientError
-
-from airflow_kinesis_spark.core.kpl import _user_records, _Users
+from airflow_kinesis_spark.core.fanout import subscribed_pages
+from airflow_kinesis_spark.core.kpl import _user_records
 from airflow_kinesis_spark.core.names import stream_params
+from airflow_kinesis_spark.core.pages import Page, UserRecord, _Progress
 from airflow_kinesis_spark.core.positions import ExtendedSequenceNumber, to_utc
 from airflow_kinesis_spark.core.read_options import (
     GET_RECORDS_MAX_BYTES,
@@ -54,13 +51,7 @@ from airflow_kinesis_spark.exceptions import CorruptAggregateError
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "UserRecord",
-    "Page",
-    "ShardReader",
-    "read_concurrently",
-    "probe_range",
-]
+__all__ = ["ShardReader"]
 
 #: GetRecords' answer when the shard's read budget (2 MiB/s, 5 calls/s, shared by every polling
 #: consumer of the shard) is spent (Kinesis API reference, GetRecords). Retried in step with the
@@ -74,140 +65,12 @@ READ_SHARE_STEP = 0.1
 #: ``min_call_interval`` (uniform in this range): short, so a throttled reader finds the budget
 #: as soon as it is free again (a longer wait would leave it to whichever reader's pacing ends first).
 BUDGET_RETRY_SPREAD = (0.5, 1.5)
-class UserRecord(NamedTuple):
-    """One user record, in the output schema's order (``data`` is the user record's bytes).
-
-    A tuple (not a dataclass): a batch makes one per user record, and the Spark job turns a page
-    of them into columns with one ``zip(*page)``.
-
-    A corrupt KPL aggregate is carried as one record with ``quarantine_reason`` set: it goes to
-    the quarantine output, never to the data output.
-    """
-
-    shard_id: str
-    sequence_number: str
-    sub_sequence_number: int | None
-    partition_key: str
-    explicit_hash_key: str | None
-    approximate_arrival_timestamp: datetime
-    data: bytes
-    #: Set for a Kinesis record that is quarantined (``data`` is then its raw bytes), else ``None``.
-    quarantine_reason: str | None = None
-
-
-class Page:
-    """The user records of one ``GetRecords`` response, column by column.
-
-    A batch holds millions of user records: columns (lists of strings, ints and bytes) cost no
-    Python object per record and give Arrow its arrays directly. What all user records of one
-    Kinesis record share is kept once per Kinesis record. Iterating a page gives
-    :class:`UserRecord` tuples; ``len(page)`` is its number of user records.
-
-    * Once per Kinesis record (equal-length lists): ``sequence_numbers``, ``arrivals``
-      (``ApproximateArrivalTimestamp``, aware UTC), ``quarantine_reasons`` (``None`` but for a
-      quarantined Kinesis record) and ``counts`` (how many of the page's user records it gave,
-      0 when all of them were committed before).
-    * Once per user record (equal-length lists, ``sum(counts)`` long, in order):
-      ``sub_sequence_numbers``, ``partition_keys``, ``explicit_hash_keys`` and ``datas``.
-    """
-
-    __slots__ = ("shard_id", "sequence_numbers", "arrivals", "quarantine_reasons", "counts",
-                 "sub_sequence_numbers", "partition_keys", "explicit_hash_keys", "datas")  # fmt: skip
-
-    def __init__(self, shard_id: str) -> None:
-        self.shard_id = shard_id
-        self.sequence_numbers: list[str] = []
-        self.arrivals: list[datetime] = []
-        self.quarantine_reasons: list[str | None] = []
-        self.counts: list[int] = []
-        self.sub_sequence_numbers: list[int | None] = []
-        self.partition_keys: list[str] = []
-        self.explicit_hash_keys: list[str | None] = []
-        self.datas: list[bytes] = []
-
-    def add(self, sequence_number: str, arrival: datetime, users: _Users, start: int = 0) -> None:
-        """The user records of one Kinesis record, from the ``start``-th on."""
-        self.sequence_numbers.append(sequence_number)
-        self.arrivals.append(arrival)
-        self.quarantine_reasons.append(None)
-        self.counts.append(len(users.datas) - start)
-        if start:
-            self.sub_sequence_numbers += users.sub_sequence_numbers[start:]
-            self.partition_keys += users.partition_keys[start:]
-            self.explicit_hash_keys += users.explicit_hash_keys[start:]
-            self.datas += users.datas[start:]
-        else:
-            self.sub_sequence_numbers += users.sub_sequence_numbers
-            self.partition_keys += users.partition_keys
-            self.explicit_hash_keys += users.explicit_hash_keys
-            self.datas += users.datas
-
-    def add_quarantined(self, sequence_number: str, partition_key: str, arrival: datetime, data: bytes, reason: str) -> None:
-        """A corrupt Kinesis record, raw, with the reason it is quarantined."""
-        self.sequence_numbers.append(sequence_number)
-        self.arrivals.append(arrival)
-        self.quarantine_reasons.append(reason)
-        self.counts.append(1)
-        self.sub_sequence_numbers.append(None)
-        self.partition_keys.append(partition_key)
-        self.explicit_hash_keys.append(None)
-        self.datas.append(data)
-
-    def kinesis_record_index(self) -> list[int]:
-        """For each user record, the position of its Kinesis record in the per-Kinesis-record lists."""
-        return list(chain.from_iterable(repeat(i, n) for i, n in enumerate(self.counts)))
-
-    def __len__(self) -> int:
-        return len(self.datas)
-
-    def __iter__(self) -> Iterator[UserRecord]:
-        shard, seqs, arrivals, reasons = self.shard_id, self.sequence_numbers, self.arrivals, self.quarantine_reasons
-        for k, sub, key, hash_key, data in zip(self.kinesis_record_index(), self.sub_sequence_numbers, self.partition_keys,
-                                               self.explicit_hash_keys, self.datas, strict=True):  # fmt: skip
-            yield UserRecord(shard, seqs[k], sub, key, hash_key, arrivals[k], data, reasons[k])
-
-
-@dataclass
-class _Progress:
-    records: int = 0
-    bytes: int = 0
-    kinesis_records: int = 0
-    kinesis_bytes: int = 0
-    first: ExtendedSequenceNumber | None = None
-    last: ExtendedSequenceNumber | None = None
-    last_kinesis_sequence: str | None = None
-    calls: int = 0
-    throttled: int = 0
-    expired: int = 0
-    millis_behind_latest: int | None = None
-    stop_reason: str | None = None
-    quarantined: int = 0
-    out_of_range: int = 0
-    first_arrival: datetime | None = None
-    last_arrival: datetime | None = None
-    response_bytes: int = 0
-    read_started: float | None = None
-    read_ended: float | None = None
-
-
-#: SubscribeToShard errors retried with backoff: another subscription of the consumer to the shard
-#: is still open (a renewed one within seconds of the last), or the consumer's subscription rate
-#: (Kinesis API reference, SubscribeToShard).
-SUBSCRIBE_RETRY_ERRORS = ("ResourceInUseException", *sorted(THROTTLING_ERRORS))
-#: Exception events that end a subscription and are renewed with backoff: another subscription
-#: of the consumer to the shard took it over, the service failed, or KMS throttled decryption
-#: (Kinesis API reference, SubscribeToShardEventStream).
-SUBSCRIPTION_RENEW_ERRORS = ("ResourceInUseException", "InternalFailureException", "KMSThrottlingException")
-#: A subscription's connection that broke while its events streamed in (botocore reads the event
-#: stream from urllib3 as it arrives and does not wrap these): renewed with backoff, as the
-#: service's own subscriptions end after 5 minutes.
-SUBSCRIPTION_CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, HTTPClientError)
 
 
 class ShardReader:
     """Reads one :class:`ShardRange` with ``GetRecords``.
 
-    Iterate :meth:`pages` for :class:`Page` objects (one per GetRecords response; iterating a page gives :class:`UserRecord` tuples);
+    Iterate :meth:`pages` for :class:`~airflow_kinesis_spark.core.pages.Page` objects (one per GetRecords response; iterating a page gives :class:`~airflow_kinesis_spark.core.pages.UserRecord` tuples);
     :attr:`report` is set when the iteration ends.
 
     :param client: a boto3 Kinesis client.
@@ -255,7 +118,7 @@ class ShardReader:
     :raises botocore.exceptions.ClientError: when a throttling error persists or another error occurs.
     """
 
-    #: Set by :func:`probe_reader`: the read only looks for a first record (logged as such).
+    #: Set by :func:`~airflow_kinesis_spark.core.probes.probe_reader`: the read only looks for a first record (logged as such).
     probe: bool = False
 
     def __init__(
@@ -511,12 +374,12 @@ class ShardReader:
                 attempt, waited = attempt + 1, waited + delay
 
     def pages(self) -> Iterator[Page]:
-        """Yield the user records of the range, one :class:`Page` per GetRecords response (or,
+        """Yield the user records of the range, one :class:`~airflow_kinesis_spark.core.pages.Page` per GetRecords response (or,
         with ``consumer_arn``, per SubscribeToShard event) that added any."""
         started = time.monotonic()
         self._p.read_started = time.time()
         if self.consumer_arn:
-            yield from self._subscribed_pages()
+            yield from subscribed_pages(self)
         else:
             yield from self._polled_pages()
         self._p.read_ended = time.time()
@@ -534,64 +397,6 @@ class ShardReader:
             self.range.shard_id, p.records, p.kinesis_records, p.kinesis_bytes, self.range.start, report.stop_reason,
             "events" if self.consumer_arn else "calls", p.calls, p.throttled, p.expired, time.monotonic() - started,
         )  # fmt: skip
-
-    def _subscribed_pages(self) -> Iterator[Page]:
-        """The enhanced fan-out driver: subscribe, apply each event, renew ended subscriptions.
-
-        A refused call (``SUBSCRIBE_RETRY_ERRORS``), a subscription that fails with an exception
-        event (``SUBSCRIPTION_RENEW_ERRORS``) and one whose connection breaks
-        (``SUBSCRIPTION_CONNECTION_ERRORS``) are retried with backoff from just after
-        the last Kinesis record read; ``max_throttle_retries`` of them in a row without an event
-        between them raise the last error."""
-        attempt = 0
-        while not self.done:
-            try:
-                response = self.client.subscribe_to_shard(**self.subscription_request())
-                events = response["EventStream"]
-            except self.client.exceptions.ClientError as err:
-                attempt = self._subscription_failed(err, SUBSCRIBE_RETRY_ERRORS, attempt, "on SubscribeToShard")
-                continue
-            try:
-                for event in events:
-                    if "SubscribeToShardEvent" not in event:
-                        continue
-                    attempt = 0
-                    self._p.calls += 1
-                    page = self.accept(self.event_response(event["SubscribeToShardEvent"]))
-                    if page:
-                        yield page
-                    if self.done:
-                        break
-            except self.client.exceptions.ClientError as err:  # an exception event (botocore's EventStreamError)
-                attempt = self._subscription_failed(err, SUBSCRIPTION_RENEW_ERRORS, attempt, "ended the subscription")
-                continue
-            except SUBSCRIPTION_CONNECTION_ERRORS as err:
-                attempt = self._subscription_failed(err, (), attempt, "ended the subscription", code=type(err).__name__)
-                continue
-            finally:
-                events.close()
-            if not self.done:
-                self._p.expired += 1  # the subscription ended (after 5 minutes) before a stop rule held
-                log.info("shard %s: subscription ended; renewing after %s", self.range.shard_id, self._p.last_kinesis_sequence)
-
-    def _subscription_failed(
-        self, err: Exception, retried: tuple[str, ...], attempt: int, what: str, *, code: str | None = None
-    ) -> int:
-        """Back off before renewing a subscription that was refused or failed; returns the next
-        attempt number. Re-raises ``err`` when retries are spent, or when it is an error response
-        whose code is not in ``retried`` (``code`` given: a broken connection, always retried)."""
-        if code is None:
-            code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
-            if code not in retried:
-                raise err
-        if attempt >= self.max_throttle_retries:
-            raise err
-        self._p.throttled += 1
-        delay = random.uniform(0, min(self.backoff_cap, max(1.0, self.backoff_base * 2**attempt)))
-        log.info("shard %s: %s %s, renewing after %s (retry %d in %.2fs)", self.range.shard_id, code, what,
-                 self._p.last_kinesis_sequence, attempt + 1, delay)  # fmt: skip
-        self._sleep(delay)
-        return attempt + 1
 
     def _polled_pages(self) -> Iterator[Page]:
         """The GetRecords driver. With :attr:`resume_iterator` the first call is ``GetRecords``
@@ -729,107 +534,3 @@ class ShardReader:
         out = [r for page in self.pages() for r in page]
         assert self.report is not None
         return out, self.report
-
-
-def read_concurrently(
-    readers: list[ShardReader], pages_per_reader: int = 3, bytes_per_reader: int = 2 * TARGET_RESPONSE_BYTES
-) -> Iterator[tuple[ShardReader, Page | None]]:
-    """Run several readers at once, one thread each, and interleave their pages.
-
-    Reading Kinesis is waiting (each shard's read budget, network round trips), so one process
-    keeps every shard of its ranges busy with threads, whatever the number of CPU cores. Yields
-    ``(reader, page)`` for each page and ``(reader, None)`` once a reader finished (its
-    ``report`` is then set). Pages of one reader come in order.
-
-    Memory is bounded in pages and in bytes: a page is outstanding from when its reader made it
-    until the consumer asks for the next item after taking it, and a reader calls GetRecords
-    again only while it has fewer than ``pages_per_reader`` pages and fewer than
-    ``bytes_per_reader`` bytes of user record data outstanding (default: two responses of
-    ``TARGET_RESPONSE_BYTES``). So a reader of 10 MiB records (one record is a whole GetRecords
-    response, Kinesis API reference) holds one page at a time, and one of small records reads
-    ahead while the consumer works.
-
-    :raises Exception: the first error of any reader, after the other readers were told to stop.
-    """
-    if not readers:
-        return
-    pending: queue.Queue = queue.Queue()  # bounded by the readers' outstanding pages
-    stop = threading.Event()
-    done = object()
-    room = threading.Condition()
-    #: id(reader) -> [pages, bytes] outstanding
-    outstanding: dict[int, list[int]] = {id(r): [0, 0] for r in readers}
-
-    def work(reader: ShardReader) -> None:
-        held = outstanding[id(reader)]
-        try:
-            for page in reader.pages():
-                size = sum(map(len, page.datas))
-                with room:
-                    held[0] += 1
-                    held[1] += size
-                pending.put((reader, page, size))
-                with room:  # before the next GetRecords: wait for the consumer to catch up
-                    while not stop.is_set() and (held[0] >= pages_per_reader or held[1] >= bytes_per_reader):
-                        room.wait(0.1)
-                if stop.is_set():
-                    return
-            pending.put((reader, done, 0))
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
-            pending.put((reader, err, 0))
-
-    threads = [threading.Thread(target=work, args=(r,), name=f"read-{r.range.shard_id}", daemon=True) for r in readers]
-    for thread in threads:
-        thread.start()
-    running = len(readers)
-    taken: tuple[int, int] | None = None  # (id(reader), bytes) of the page the consumer holds
-    try:
-        while running:
-            if taken is not None:  # the consumer is done with the page it took last
-                with room:
-                    held = outstanding[taken[0]]
-                    held[0] -= 1
-                    held[1] -= taken[1]
-                    room.notify_all()
-                taken = None
-            reader, item, size = pending.get()
-            if item is done:
-                running -= 1
-                yield reader, None
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                taken = (id(reader), size)
-                yield reader, item
-    finally:
-        stop.set()
-        with room:
-            room.notify_all()
-        for thread in threads:
-            thread.join(timeout=5)
-
-
-def probe_reader(
-    client: Any, stream_name: str, shard_range: ShardRange, *, resume_iterator: str | None = None, **reader_kwargs: Any
-) -> ShardReader:
-    """A reader of the range's first user record (record cap 1; ``Limit`` 1, or 2 when the range
-    starts by re-reading an aggregate whose first user records are committed: that aggregate
-    usually holds none left, and the second Kinesis record then comes with the same call
-    instead of one more call ``min_call_interval`` later).
-
-    The stop rules are those of a full read, so a report with ``records == 0`` is the full
-    report of an empty range (cutoff, caught up or shard end), and the batch needs no Spark job;
-    otherwise the report's ``first`` and ``first_arrival`` tell the oldest unconsumed record.
-    An aggregated first record is read whole. ``resume_iterator``: see :class:`ShardReader`.
-    """
-    # Every field of the range is kept (slice index, hash key range, ...): only the record cap changes.
-    capped = replace(shard_range, max_records=1)
-    limit = 2 if shard_range.start.skip_through_sub_sequence_number is not None else 1
-    reader = ShardReader(client, stream_name, capped, limit=limit, resume_iterator=resume_iterator, **reader_kwargs)
-    reader.probe = True
-    return reader
-
-
-def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
-    """Read at most one Kinesis record of a range (see :func:`probe_reader`) with a boto3 client."""
-    return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]

@@ -3,7 +3,7 @@
 * A DataFrame of shard ranges read with ``mapInArrow`` (works classic and over Spark Connect),
   in as many tasks as Spark runs at once (``--read-tasks``, default: the default parallelism,
   at most one per range). Each task reads all of its ranges at the same time, one thread per
-  range (``airflow_kinesis_spark.core.reader.read_concurrently``): reading Kinesis is waiting on
+  range (``airflow_kinesis_spark.core.concurrent_read.read_concurrently``): reading Kinesis is waiting on
   each shard's read budget, so every shard is kept busy even with fewer cores than shards. The
   task hands Spark its rows in joined Arrow record batches (:data:`HANDOVER_ROWS`,
   :data:`HANDOVER_BYTES`), not one per ``GetRecords`` page.
@@ -122,7 +122,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from airflow_kinesis_spark.core.reader import read_concurrently
+        from airflow_kinesis_spark.core.concurrent_read import read_concurrently
 
         # Decoded records leave their bytes behind (the output drops ``data``): only the rows kept
         # raw (a corrupt Kinesis record, a dead letter) hand them to the JVM.

@@ -13,7 +13,8 @@ from aws_kinesis_agg.aggregator import RecordAggregator
 
 from airflow_kinesis_spark.core.planner import BatchPlan, advance, plan_incremental, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel, format_timestamp
-from airflow_kinesis_spark.core.reader import ShardReader, UserRecord
+from airflow_kinesis_spark.core.pages import UserRecord
+from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.ranges import ShardReport, StartPosition
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import StreamNotFoundError

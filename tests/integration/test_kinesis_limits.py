@@ -12,7 +12,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.planner import plan_incremental
-from airflow_kinesis_spark.core.reader import ShardReader, read_concurrently
+from airflow_kinesis_spark.core.concurrent_read import read_concurrently
+from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.shards import list_shards
 from benchmarks.kinesis_limits import MIB, KinesisLimits, LimitsProxyProcess, ThrottlingProxy
 from benchmarks.workload import access_log_lines, load_backlog, naive_consume

@@ -178,7 +178,7 @@ def test_idle_probes_overlap_their_pauses_and_keep_within_the_connection_pool(mo
     aggregate re-reads it and waits ``min_call_interval`` before its second ``GetRecords``. Other
     probes run meanwhile (more probes at once than the client pools connections), while no more
     calls are in flight at once than it pools (2 here)."""
-    import airflow_kinesis_spark.core.reader as reader
+    import airflow_kinesis_spark.core.probes as probes
 
     kinesis = boto3.client("kinesis", endpoint_url=moto_endpoint, region_name=REGION, aws_access_key_id=TEST_ACCESS_KEY,
                            aws_secret_access_key=TEST_SECRET_KEY, config=Config(max_pool_connections=2))  # fmt: skip
@@ -208,7 +208,7 @@ def test_idle_probes_overlap_their_pauses_and_keep_within_the_connection_pool(mo
         with lock:
             now[kind] -= 1
 
-    probe_range = reader.probe_range
+    probe_range = probes.probe_range
 
     def counted_probe(*args: Any, **kwargs: Any) -> Any:
         enter("probes")
@@ -217,7 +217,7 @@ def test_idle_probes_overlap_their_pauses_and_keep_within_the_connection_pool(mo
         finally:
             leave("probes")
 
-    monkeypatch.setattr(reader, "probe_range", counted_probe)
+    monkeypatch.setattr(probes, "probe_range", counted_probe)
     kinesis.meta.events.register("before-call.kinesis", lambda **kwargs: enter("calls"))
     kinesis.meta.events.register("after-call.kinesis", lambda **kwargs: leave("calls"))
     kinesis.meta.events.register("after-call-error.kinesis", lambda **kwargs: leave("calls"))

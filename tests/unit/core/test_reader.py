@@ -14,7 +14,8 @@ from botocore.exceptions import ClientError
 from airflow_kinesis_spark.core.planner import BatchPlan, validate_report
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber, Sentinel
 from airflow_kinesis_spark.core.read_options import GET_RECORDS_MAX_LIMIT, PACING_MARGIN_S
-from airflow_kinesis_spark.core.reader import ShardReader, UserRecord
+from airflow_kinesis_spark.core.pages import UserRecord
+from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 
 SHARD = "shardId-000000000007"
@@ -851,7 +852,7 @@ def test_response_bytes_count_records_past_the_cutoff():
 
 
 def test_read_concurrently_interleaves_ranges_and_keeps_each_in_order():
-    from airflow_kinesis_spark.core.reader import read_concurrently
+    from airflow_kinesis_spark.core.concurrent_read import read_concurrently
 
     clients = [FakeKinesis([plain(i) for i in range(n)]) for n in (7, 0, 13)]
     readers = [ShardReader(c, STREAM, make_range(), limit=2, min_call_interval=0, read_bytes_per_second=None)
@@ -871,7 +872,7 @@ def test_read_concurrently_interleaves_ranges_and_keeps_each_in_order():
 
 
 def test_read_concurrently_raises_the_first_error_and_stops_the_others():
-    from airflow_kinesis_spark.core.reader import read_concurrently
+    from airflow_kinesis_spark.core.concurrent_read import read_concurrently
 
     good = FakeKinesis([plain(i) for i in range(50)])
     bad = FakeKinesis([plain(i) for i in range(5)])
@@ -889,7 +890,7 @@ def test_read_concurrently_raises_the_first_error_and_stops_the_others():
 def test_probe_of_a_range_that_re_reads_a_committed_aggregate_takes_one_call():
     """A sub-sequence checkpoint re-reads its aggregate (all of it committed here): with ``Limit`` 2
     the probe gets the next record in the same call, not one more call ``min_call_interval`` later."""
-    from airflow_kinesis_spark.core.reader import probe_reader
+    from airflow_kinesis_spark.core.probes import probe_reader
 
     client = FakeKinesis([aggregated(0, 3), plain(1), plain(2)])
     sleeps = Sleeps()
@@ -909,8 +910,8 @@ def test_read_concurrently_holds_pages_by_bytes_not_by_count():
     does not call GetRecords again until the consumer is done with the page it holds, so the
     pages alive per range are bounded in bytes (one 10 MiB page), not only in count (a count of
     pages held up to four 10 MiB pages per range: two queued, one in the reader's hand, one
-    consumed). Fake client: a unit test of core.reader alone."""
-    from airflow_kinesis_spark.core.reader import read_concurrently
+    consumed). Fake client: a unit test of core.concurrent_read and core.reader alone."""
+    from airflow_kinesis_spark.core.concurrent_read import read_concurrently
 
     big = b"x" * (10 * 1024 * 1024)  # one object: the fake's records share it
     client = FakeKinesis([plain(i, big) for i in range(6)])
@@ -928,7 +929,7 @@ def test_read_concurrently_holds_pages_by_bytes_not_by_count():
 
 def test_read_concurrently_still_reads_ahead_small_pages():
     """Pages well under the byte budget keep the readers' read-ahead (more than one page waits)."""
-    from airflow_kinesis_spark.core.reader import read_concurrently
+    from airflow_kinesis_spark.core.concurrent_read import read_concurrently
 
     client = FakeKinesis([plain(i, b"y" * 1000) for i in range(10)])
     reader = ShardReader(client, STREAM, make_range(), limit=1, min_call_interval=0, read_bytes_per_second=None)
