@@ -29,14 +29,15 @@ FAILING_TRANSFORM = Path(__file__).resolve().parents[1] / "spark" / "failing_tra
 
 
 def environ_after_exec(pid: int) -> dict[str, str]:
-    """``/proc/PID/environ`` once the wrapper (``die_with_parent``) has exec'd spark-submit."""
-    deadline = time.monotonic() + 10
+    """``/proc/PID/environ`` once the wrappers (``hooks.spark_submit.write_wrapper``'s script, then
+    ``die_with_parent``) have exec'd spark-submit and it has exec'd the JVM."""
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
-        # past the wrapper's fork and exec: spark-submit, then spark-class and the JVM (SparkSubmit)
-        # replace one another quickly; the environment stays the same through each exec
-        if b"die_with_parent" not in cmdline and (b"spark-submit" in cmdline or b"SparkSubmit" in cmdline):
+        # the shell wrapper (a file named spark-submit-*), die_with_parent, spark-submit, spark-class
+        # and the JVM replace one another in this process; the JVM's main class is the last of them
+        if b"org.apache.spark.deploy.SparkSubmit" in cmdline:
             break
         time.sleep(0.005)
     with open(f"/proc/{pid}/environ", "rb") as fh:
