@@ -168,7 +168,7 @@ test-spark35: venv-spark35
 test-reliability: venv kinesalite $(SPARK_CDS)
 	$(TEST_ENV) KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q -m reliability
 
-# mypy on the Airflow-free core and the sinks ([tool.mypy] in pyproject.toml); make test runs it first.
+# mypy on the Airflow-free core, the sinks and the Spark job ([tool.mypy] in pyproject.toml); make test runs it first.
 typecheck: venv
 	$(PY) -m mypy
 

@@ -126,8 +126,9 @@ class JobArguments:
         return args
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        """Add the arguments :meth:`to_args` writes to ``parser``."""
+    def add_arguments(parser: Any) -> None:
+        """Add the arguments :meth:`to_args` writes to ``parser`` (an ``argparse.ArgumentParser``
+        or one of its argument groups)."""
         parser.add_argument("--checkpoint-table", required=True, help="the DynamoDB checkpoint table")
         parser.add_argument("--stream", required=True, help="the Kinesis stream")
         parser.add_argument("--consumer", required=True, help="the consumer (application) name")

@@ -132,16 +132,19 @@ def run_handed(args: argparse.Namespace) -> int:
             log.error("lost the lease on batch %d: cancelling the Spark jobs; nothing is published", job_args.batch_id)
             spark.sparkContext.cancelAllJobs()
 
-    handlers = {
-        "write": write,
-        "publish": lambda staging, target: publish(spark, staging, target),
-        "discard": lambda staging: spark is not None and discard(spark, staging),
-    }
+    def publish_staged(staging: str | None, target: str) -> None:
+        publish(spark, staging, target)
+
+    def discard_staged(staging: str) -> None:
+        if spark is not None:
+            discard(spark, staging)
+
     try:
         if job_args.window:
-            outcome = run_handed_window(store, job_args, **handlers)
+            outcome = run_handed_window(store, job_args, write=write, publish=publish_staged, discard=discard_staged)
         else:
-            outcome = run_handed_batch(store, job_args, cancel=cancel, **handlers)
+            outcome = run_handed_batch(store, job_args, cancel=cancel, write=write, publish=publish_staged,
+                                       discard=discard_staged)  # fmt: skip
     finally:
         if spark is not None:
             spark.stop()
