@@ -20,6 +20,7 @@ its MaxRecordSizeInKiB; moto still holds the checkpoint table.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -147,3 +148,67 @@ def large_records_headline(result: dict[str, Any]) -> dict[str, float]:
     peaks = result["memory"]["peak_total_mib"]
     return {"throttled_fraction_of_limit": round(result["ours"]["read_bytes_per_second"] / result["limit_bytes_per_second"], 3),
             "peak_memory_ratio": round(peaks["10MiB"] / peaks["1MiB"], 3)}  # fmt: skip
+
+
+def large_records_targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """Issue 31's targets for the section, each with the measured value and whether it is met."""
+    h = large_records_headline(result)
+    return [
+        ("10 MiB records: throttled read rate >= 0.85 x the limit", f"{h['throttled_fraction_of_limit']:.3f}",
+         h["throttled_fraction_of_limit"] >= TARGETS["throttled_fraction_of_limit"]),
+        ("10 MiB records: peak memory <= 1.2 x that of 1 MiB records (same bytes)", f"{h['peak_memory_ratio']:.3f}",
+         h["peak_memory_ratio"] <= TARGETS["peak_memory_ratio"]),
+    ]  # fmt: skip
+
+
+def large_records_markdown(result: dict[str, Any], heading: str) -> list[str]:
+    """The section's lines of ``docs/benchmarks.md``."""
+    from benchmarks.report import row
+
+    ours, memory = result["ours"], result["memory"]
+    h = large_records_headline(result)
+    rows = [row("records", "peak total (MiB), runs", "JVM (MiB)", "Python (MiB)", "heap after GC (MiB)", "wall (s)"),
+            row(*["---"] * 6)]  # fmt: skip
+    for label in ("1MiB", "10MiB"):
+        runs = memory["runs"][label]
+
+        def cells(key: str, runs: list[dict[str, Any]] = runs) -> str:
+            return ", ".join("-" if r.get(key) is None else f"{r[key]:,.0f}" for r in runs)
+
+        rows.append(row(f"{label[:-3]} MiB ({runs[0]['records']:,})", cells("peak_total_mib"), cells("peak_jvm_mib"),
+                        cells("peak_python_mib"), cells("heap_after_gc_mib"), cells("wall_s")))  # fmt: skip
+    return [
+        heading,
+        "",
+        "10 MiB records (`MaxRecordSizeInKiB` 10,240, set with `UpdateMaxRecordSize` through the limits proxy, which "
+        "refuses larger records) on kinesalite (`make kinesalite` lets it store records up to 10 MiB; moto refuses "
+        "records over 1 MiB), behind the limits proxy; moto holds the checkpoint table. Code: `benchmarks/large_records.py`.",
+        "",
+        f"- **Throttled.** {result['backlog_mib']:.0f} MiB in {result['records']:,} records of 10 MiB on the stream's "
+        f"shards, read by the operator (spark-submit, default settings) behind the per-shard limits: "
+        f"{ours['read_bytes_per_second'] / MIB:.2f} MiB/s, **{h['throttled_fraction_of_limit']:.3f} of the limit** "
+        f"({result['limit_bytes_per_second'] / MIB:.0f} MiB/s; at the limit the read takes {result['lower_bound_s']:.1f} s). "
+        f"GetRecords calls: {ours['get_records']:,} ({ours['throttled']} throttled, {ours['expired']} expired "
+        f"iterators); the largest response: {ours['largest_response_bytes'] / MIB:.1f} MiB; the run's wall time "
+        f"{ours['wall_s']:.1f} s.",
+        f"- **Memory.** The spark-submit job's peak PSS (JVM with a fixed {memory['heap']} heap, plus its Python "
+        f"processes) while it ingests {memory['backlog_mib']:.0f} MiB in one batch, as 10 MiB records and as 1 MiB "
+        f"records, alternating, {memory['repeat']} times each. `peak_memory_ratio` = "
+        f"{memory['peak_total_mib']['10MiB']:,.0f} / {memory['peak_total_mib']['1MiB']:,.0f} = "
+        f"**{h['peak_memory_ratio']:.3f}**.",
+        "",
+        *rows,
+        "",
+        "```json",
+        json.dumps({"large_records": h}),
+        "```",
+        "",
+    ]
+
+
+def add_to_report(path: Path, results: dict[str, Any]) -> None:
+    """Put the section and its targets into a report ``benchmarks/report.py`` wrote."""
+    from benchmarks.report import add_section
+
+    add_section(path, "Large records: 10 MiB", lambda heading: large_records_markdown(results["large_records"], heading),
+                large_records_targets(results["large_records"]))

@@ -55,6 +55,7 @@ from typing import Any
 
 from benchmarks.kinesis_limits import MIB, KinesisLimits, LimitsProxyProcess
 from benchmarks.workload import load_backlog
+from benchmarks.report import row
 
 __all__ = ["PEERS", "LEFT_OUT", "read_async_kinesis", "run_peers", "peers_headline", "peers_targets", "add_to_report"]
 
@@ -316,10 +317,6 @@ def peers_targets(peers: dict[str, Any]) -> list[tuple[str, str, bool]]:
              ours >= h[name]["throttled_fraction_of_limit"]) for name in h if name != "ours"]  # fmt: skip
 
 
-def _row(*cells: object) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
 #: How each consumer is named in the report.
 LABELS = {"ours": "ours (operator, spark-submit)", "async_kinesis": "async-kinesis", "naive": "naive"}
 
@@ -338,21 +335,21 @@ def peers_markdown(peers: dict[str, Any], heading: str) -> list[str]:
            "the processes it waited for, after its imports (ours: spark-submit's JVM start, the Spark job's read and "
            "Parquet write, the commit; the peers only read). Code: `benchmarks/peers.py`.", "",
            f"**Throttled** (the service's per-shard limits; ceiling {limit / MIB:.0f} MiB/s):", "",
-           _row("consumer", "fraction of the limit", "read rate (MiB/s)", "records/s", "CPU (s)", "GetRecords calls",
+           row("consumer", "fraction of the limit", "read rate (MiB/s)", "records/s", "CPU (s)", "GetRecords calls",
                 "throttled calls", "wall time (s)"),
-           _row(*["---"] * 8)]  # fmt: skip
+           row(*["---"] * 8)]  # fmt: skip
     for name, runs in p["consumers"].items():
         t = runs["throttled"]
-        out.append(_row(LABELS.get(name, name), f"{t['fraction_of_limit']:.3f}", f"{t['read_bytes_per_second'] / MIB:.2f}",
+        out.append(row(LABELS.get(name, name), f"{t['fraction_of_limit']:.3f}", f"{t['read_bytes_per_second'] / MIB:.2f}",
                         f"{t['records_per_s']:,.0f}", f"{t['cpu_s']:.1f}", t["get_records"], t["throttled_calls"],
                         f"{t['wall_s']:.1f}"))  # fmt: skip
     out += ["", "**Unthrottled** (only the 10 MiB / 10,000-record response caps; ours without byte pacing):", "",
-            _row("consumer", "records/s", "read rate (MiB/s)", "CPU (s)", "CPU per 100k records (s)", "GetRecords calls",
+            row("consumer", "records/s", "read rate (MiB/s)", "CPU (s)", "CPU per 100k records (s)", "GetRecords calls",
                  "wall time (s)"),
-            _row(*["---"] * 7)]  # fmt: skip
+            row(*["---"] * 7)]  # fmt: skip
     for name, runs in p["consumers"].items():
         u = runs["unthrottled"]
-        out.append(_row(LABELS.get(name, name), f"{u['records_per_s']:,.0f}", f"{u['read_bytes_per_second'] / MIB:.2f}",
+        out.append(row(LABELS.get(name, name), f"{u['records_per_s']:,.0f}", f"{u['read_bytes_per_second'] / MIB:.2f}",
                         f"{u['cpu_s']:.1f}", f"{u['cpu_s'] / u['records'] * 1e5:.2f}", u["get_records"], f"{u['wall_s']:.1f}"))  # fmt: skip
     out += ["", "Wall time: the consumer's own, from after its imports (ours: `execute`, end to end; async-kinesis: until it "
             "handed over the backlog's last record and closed; it has no end of its own). Not measured:", ""]  # fmt: skip
@@ -361,19 +358,11 @@ def peers_markdown(peers: dict[str, Any], heading: str) -> list[str]:
 
 
 def add_to_report(path: Path, results: dict[str, Any]) -> None:
-    """Put the peers section into a report ``benchmarks/report.py`` wrote: before "Against the
-    targets", numbered after the report's last section, and its targets at the end of that table."""
-    lines = path.read_text(encoding="utf-8").split("\n")
-    start = lines.index("## Against the targets")
-    n = len([line for line in lines[:start] if line.startswith("## ") and line[3:4].isdigit()]) + 1
-    section = peers_markdown(results["peers"], f"## {n}. Peers: other Python consumers on the same backlog")
-    end = start + 1
-    while end < len(lines) and not lines[end].startswith("|"):  # the table's first line
-        end += 1
-    while end < len(lines) and lines[end].startswith("|"):  # past its last row
-        end += 1
-    rows = [_row(name, value, "yes" if ok else "**no**") for name, value, ok in peers_targets(results["peers"])]
-    path.write_text("\n".join(lines[:start] + section + lines[start:end] + rows + lines[end:]), encoding="utf-8")
+    """Put the peers section and its targets into a report ``benchmarks/report.py`` wrote."""
+    from benchmarks.report import add_section
+
+    add_section(path, "Peers: other Python consumers on the same backlog",
+                lambda heading: peers_markdown(results["peers"], heading), peers_targets(results["peers"]))
 
 
 if __name__ == "__main__":

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 MIB = 1024 * 1024
 
 
-def _row(*cells: object) -> str:
+def row(*cells: object) -> str:
+    """One row of a Markdown table."""
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 
 
 #: Shared stream, polling: each of the consumers gets at most about a third of each shard's 2 MiB/s
@@ -111,13 +115,13 @@ def _throttled(n: int, results: dict[str, Any]) -> list[str]:
         f"{t['limit_bytes_per_second'] / MIB:.0f} MiB/s, so the backlog cannot be read in less than "
         f"{t['lower_bound_s']:.1f} s.",
         "",
-        _row("consumer", "read rate (MiB/s)", "fraction of the limit", "GetRecords calls", "throttled calls",
+        row("consumer", "read rate (MiB/s)", "fraction of the limit", "GetRecords calls", "throttled calls",
              "expired iterators", "wall time (s)"),  # fmt: skip
-        _row(*["---"] * 7),
-        _row("ours (operator, spark-submit)", f"{ours['read_bytes_per_second'] / MIB:.2f}",
+        row(*["---"] * 7),
+        row("ours (operator, spark-submit)", f"{ours['read_bytes_per_second'] / MIB:.2f}",
              f"{h['throttled_fraction_of_limit']:.3f}", ours["get_records"], ours["throttled"], ours["expired"],
              f"{ours['wall_s']:.1f} (end to end)"),  # fmt: skip
-        _row("naive", f"{naive['bytes_per_second'] / MIB:.2f}",
+        row("naive", f"{naive['bytes_per_second'] / MIB:.2f}",
              f"{naive['bytes_per_second'] / t['limit_bytes_per_second']:.3f}", naive["get_records_calls"],
              naive["throttled"], 0, f"{naive['seconds']:.1f} (read only)"),  # fmt: skip
         "",
@@ -143,10 +147,10 @@ def _unthrottled(n: int, results: dict[str, Any]) -> list[str]:
         "Connect session ran its previous batch (a small one, not measured; the naive consumer reads its records "
         "too, and they count in its rate). Moto, the proxy and both consumers share the machine's cores.",
         "",
-        _row("run", "naive records/s (read only)", "ours, warm, records/s (end to end)", "ours wall time (s)", "ours vs naive"),
-        _row(*["---"] * 5),
+        row("run", "naive records/s (read only)", "ours, warm, records/s (end to end)", "ours wall time (s)", "ours vs naive"),
+        row(*["---"] * 5),
         *[
-            _row(i + 1, f"{p['naive']['records_per_second']:,.0f}", f"{p['ours_warm']['records_per_second']:,.0f}",
+            row(i + 1, f"{p['naive']['records_per_second']:,.0f}", f"{p['ours_warm']['records_per_second']:,.0f}",
                  f"{p['ours_warm']['wall_s']:.1f}", f"{r:.2f}x")  # fmt: skip
             for i, (p, r) in enumerate(zip(u["runs"], u["ratios"], strict=True))
         ],
@@ -165,22 +169,22 @@ def _fixed_cost(n: int, results: dict[str, Any]) -> list[str]:
         "",
         "Median of the runs below; a small batch is a few hundred records. Overheads are beyond the no-data run.",
         "",
-        _row("run", "median (s)", "runs (s)", "overhead beyond the no-data run (s)"),
-        _row(*["---"] * 4),
-        _row("no new records (no Spark job)", f"{f['median_s']['no_data']:.2f}",
+        row("run", "median (s)", "runs (s)", "overhead beyond the no-data run (s)"),
+        row(*["---"] * 4),
+        row("no new records (no Spark job)", f"{f['median_s']['no_data']:.2f}",
              ", ".join(f"{x:.2f}" for x in f["runs"]["no_data"]), "-"),  # fmt: skip
-        _row("small batch, cold (spark-submit)", f"{f['median_s']['cold']:.2f}",
+        row("small batch, cold (spark-submit)", f"{f['median_s']['cold']:.2f}",
              ", ".join(f"{x:.2f}" for x in f["runs"]["cold"]), f"{f['cold_overhead_s']:.2f}"),  # fmt: skip
-        _row("small batch, warm (Spark Connect)", f"{f['median_s']['warm']:.2f}",
+        row("small batch, warm (Spark Connect)", f"{f['median_s']['warm']:.2f}",
              ", ".join(f"{x:.2f}" for x in f["runs"]["warm"]), f"{f['warm_overhead_s']:.2f}"),  # fmt: skip
         "",
         "The same new records, warm, into an Iceberg table (pyiceberg, SQL catalog on SQLite) and a Delta table "
         "(deltalake), each by its own consumer: the table commit's cost is the batch's wall time beyond the warm "
         "Parquet batch's; the commit itself (`table.seconds` of the summary) is measured by the protocol.",
         "",
-        _row("output", "median (s)", "runs (s)", "beyond the warm Parquet batch (s)", "table commit, median (s)"),
-        _row(*["---"] * 5),
-        *[_row(f"warm, {fmt}", f"{f['median_s']['warm_' + fmt]:.2f}", ", ".join(f"{x:.2f}" for x in f["runs"]["warm_" + fmt]),
+        row("output", "median (s)", "runs (s)", "beyond the warm Parquet batch (s)", "table commit, median (s)"),
+        row(*["---"] * 5),
+        *[row(f"warm, {fmt}", f"{f['median_s']['warm_' + fmt]:.2f}", ", ".join(f"{x:.2f}" for x in f["runs"]["warm_" + fmt]),
                f"{f[fmt + '_overhead_s']:.2f}", f"{statistics.median(f['table_commit_s'][fmt]):.3f}")
           for fmt in ("iceberg", "delta")],  # fmt: skip
         "",
@@ -198,7 +202,7 @@ def _shared(n: int, results: dict[str, Any]) -> list[str]:
     rows = []
     for kind, label in (("polling", "polling (GetRecords)"), ("efo", "enhanced fan-out (SubscribeToShard)")):
         for r in s[kind]["runs"]:
-            rows.append(_row(label, r["consumer"], f"{r['kinesis_bytes'] / MIB:.1f}", f"{r['read_offset_s']:.1f}", f"{r['read_s']:.1f}",
+            rows.append(row(label, r["consumer"], f"{r['kinesis_bytes'] / MIB:.1f}", f"{r['read_offset_s']:.1f}", f"{r['read_s']:.1f}",
                              f"{r['bytes_per_second'] / MIB:.2f}", f"{r['fraction_per_shard']:.3f}", r["responses"],
                              r["throttled_calls"]))  # fmt: skip
     return [
@@ -219,9 +223,9 @@ def _shared(n: int, results: dict[str, Any]) -> list[str]:
         "every throttled call (botocore does not retry them). The proxy's counts for each stream (calls, "
         "throttled calls, subscriptions, events) are in the raw results (`proxy_counts`).",
         "",
-        _row("consumer type", "consumer", "read (MiB)", "began reading after the first (s)", "read time (s)",
+        row("consumer type", "consumer", "read (MiB)", "began reading after the first (s)", "read time (s)",
              "read rate (MiB/s)", "fraction of 2 MiB/s per shard", "responses", "throttled calls"),  # fmt: skip
-        _row(*["---"] * 9),
+        row(*["---"] * 9),
         *rows,
         "",
     ]
@@ -279,11 +283,11 @@ def _memory(n: int, results: dict[str, Any]) -> list[str]:
         "jars) among them, so other JVMs running on the machine at the same time lower a job's figure a little: "
         "compare runs made on an otherwise idle machine.",
         "",
-        _row("backlog (MiB)", "records", "batches", "peak total, max (MiB)", "peak total per repeat (MiB)", "JVM, max (MiB)",
+        row("backlog (MiB)", "records", "batches", "peak total, max (MiB)", "peak total per repeat (MiB)", "JVM, max (MiB)",
              "heap in use after GC, max (MiB)", "Python, driver + workers, max (MiB)", "wall time, median (s)"),  # fmt: skip
-        _row(*["---"] * 9),
+        row(*["---"] * 9),
         *[
-            _row(f"{r['backlog_mib']:.1f}", f"{r['records']:,}", r["batches"], f"{r['peak_total_mib']:.0f}",
+            row(f"{r['backlog_mib']:.1f}", f"{r['records']:,}", r["batches"], f"{r['peak_total_mib']:.0f}",
                  ", ".join(str(x) for x in r["peak_total_mib_runs"]), f"{r['peak_jvm_mib']:.0f}",
                  _mib(r.get("heap_after_gc_mib")), f"{r['peak_python_mib']:.0f}", f"{r['wall_s']:.1f}")  # fmt: skip
             for r in capped
@@ -298,11 +302,11 @@ def _memory(n: int, results: dict[str, Any]) -> list[str]:
         "",
         "One uncapped batch per backlog (no `max_bytes_per_shard`; one run each):",
         "",
-        _row("backlog (MiB)", "records", "peak total (MiB)", "JVM (MiB)", "heap in use after GC, max (MiB)",
+        row("backlog (MiB)", "records", "peak total (MiB)", "JVM (MiB)", "heap in use after GC, max (MiB)",
              "Python, driver + workers (MiB)", "wall time (s)"),  # fmt: skip
-        _row(*["---"] * 7),
+        row(*["---"] * 7),
         *[
-            _row(f"{r['backlog_mib']:.1f}", f"{r['records']:,}", f"{r['peak_total_mib']:.0f}", f"{r['peak_jvm_mib']:.0f}",
+            row(f"{r['backlog_mib']:.1f}", f"{r['records']:,}", f"{r['peak_total_mib']:.0f}", f"{r['peak_jvm_mib']:.0f}",
                  _mib(r.get("heap_after_gc_mib")), f"{r['peak_python_mib']:.0f}", f"{r['wall_s']:.1f}")  # fmt: skip
             for r in uncapped
         ],
@@ -319,6 +323,23 @@ SECTION_WRITERS = (
 )  # fmt: skip
 
 
+def add_section(path: Path, title: str, markdown: Callable[[str], list[str]], target_rows: list[tuple[str, str, bool]]) -> None:
+    """Put a section into a report :func:`write_report` wrote: before "Against the targets",
+    numbered after the report's last numbered section (``markdown`` gets its heading, ``## N.
+    title``), and ``target_rows`` at the end of the targets table."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    start = lines.index("## Against the targets")
+    n = len([line for line in lines[:start] if line.startswith("## ") and line[3:4].isdigit()]) + 1
+    section = markdown(f"## {n}. {title}")
+    end = start + 1
+    while end < len(lines) and not lines[end].startswith("|"):  # the table's first line
+        end += 1
+    while end < len(lines) and lines[end].startswith("|"):  # past its last row
+        end += 1
+    rows = [row(name, value, "yes" if ok else "**no**") for name, value, ok in target_rows]
+    path.write_text("\n".join(lines[:start] + section + lines[start:end] + rows + lines[end:]), encoding="utf-8")
+
+
 def write_report(path: Path, results: dict[str, Any], command: str) -> None:
     """Write the report of one run: the sections that ran, the targets, the raw results (JSON)."""
     h = results["headline"]
@@ -331,9 +352,9 @@ def write_report(path: Path, results: dict[str, Any], command: str) -> None:
     lines += [
         "## Against the targets",
         "",
-        _row("target", "measured", "met"),
-        _row(*["---"] * 3),
-        *[_row(name, value, "yes" if ok else "**no**") for name, value, ok in targets(h, results)],
+        row("target", "measured", "met"),
+        row(*["---"] * 3),
+        *[row(name, value, "yes" if ok else "**no**") for name, value, ok in targets(h, results)],
         "",
         "## Raw results",
         "",

@@ -946,6 +946,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.peers import add_to_report as add_peers
 
             add_peers(Path(output), results)
+        if results.get("large_records") is not None:  # its section and targets (benchmarks/large_records.py)
+            from benchmarks.large_records import add_to_report as add_large_records
+
+            add_large_records(Path(output), results)
         bench.log(f"report written to {output}")
     print(json.dumps(results["headline"]), flush=True)
     return 0

@@ -39,6 +39,7 @@ import statistics
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from benchmarks.report import row
 
 __all__ = ["FORMATS", "AVRO_SCHEMA", "JSON_SCHEMA", "Orders", "record_settings", "typed_headline", "typed_targets",
            "typed_markdown", "add_to_report"]  # fmt: skip
@@ -195,10 +196,6 @@ def typed_targets(typed: dict[str, Any]) -> list[tuple[str, str, bool]]:
     return out
 
 
-def _row(*cells: object) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
 def typed_markdown(typed: dict[str, Any], heading: str, raw_throttled_fraction: float | None = None) -> list[str]:
     """The report's section (``heading``: its title line), from ``results["typed"]``.
 
@@ -227,11 +224,11 @@ def typed_markdown(typed: dict[str, Any], heading: str, raw_throttled_fraction: 
         "page as it arrives), so a decoder slower than the stream shows as a read rate below the limit. Target: "
         f">= {THROTTLED_MIN} of the limit.",
         "",
-        _row("format", "backlog (MiB)", "user records", "read rate (MiB/s)", "fraction of the limit", "GetRecords calls",
+        row("format", "backlog (MiB)", "user records", "read rate (MiB/s)", "fraction of the limit", "GetRecords calls",
              "throttled calls", "expired iterators", "wall time (s)"),  # fmt: skip
-        _row(*["---"] * 9),
+        row(*["---"] * 9),
         *[
-            _row(fmt, f"{t[fmt]['backlog_mib']:.1f}", f"{t[fmt]['user_records']:,}", f"{t[fmt]['read_bytes_per_second'] / MIB:.2f}",
+            row(fmt, f"{t[fmt]['backlog_mib']:.1f}", f"{t[fmt]['user_records']:,}", f"{t[fmt]['read_bytes_per_second'] / MIB:.2f}",
                  f"**{t[fmt]['fraction_of_limit']:.3f}**", t[fmt]["get_records"], t[fmt]["throttled"], t[fmt]["expired"],
                  f"{t[fmt]['wall_s']:.1f} (end to end)")  # fmt: skip
             for fmt in FORMATS
@@ -248,10 +245,10 @@ def typed_markdown(typed: dict[str, Any], heading: str, raw_throttled_fraction: 
         "decode, Parquet write, commit); which consumer runs first alternates. The ratio is the typed consumer's "
         f"records/s over the raw one's; the figure is the median of the ratios. Target: >= {VS_RAW_MIN}.",
         "",
-        _row("format", "run", "raw records/s", "typed records/s", "raw wall time (s)", "typed wall time (s)", "typed vs raw"),
-        _row(*["---"] * 7),
+        row("format", "run", "raw records/s", "typed records/s", "raw wall time (s)", "typed wall time (s)", "typed vs raw"),
+        row(*["---"] * 7),
         *[
-            _row(fmt, i + 1, f"{r['raw']['records_per_second']:,.0f}", f"{r['typed']['records_per_second']:,.0f}",
+            row(fmt, i + 1, f"{r['raw']['records_per_second']:,.0f}", f"{r['typed']['records_per_second']:,.0f}",
                  f"{r['raw']['wall_s']:.1f}", f"{r['typed']['wall_s']:.1f}", f"{r['ratio']:.2f}x")  # fmt: skip
             for fmt in FORMATS
             for i, r in enumerate(u[fmt]["runs"])
@@ -296,11 +293,11 @@ def _cpu_table(u: dict[str, Any]) -> list[str]:
         "The Kinesis emulator and the proxy serve the same bytes to both consumers (not counted). Wall time is "
         "less than CPU time where the cores work at once, more where the processes wait or other work takes the cores.",
         "",
-        _row("format", "consumer", "Spark JVM (s)", "Spark Python workers (s)", "operator (s)", "total CPU (s)",
+        row("format", "consumer", "Spark JVM (s)", "Spark Python workers (s)", "operator (s)", "total CPU (s)",
              "CPU µs a record"),  # fmt: skip
-        _row(*["---"] * 7),
+        row(*["---"] * 7),
         *[
-            _row(fmt, kind, *(f"{med(fmt, kind, part):.1f}" for part in parts), f"{med(fmt, kind):.1f}",
+            row(fmt, kind, *(f"{med(fmt, kind, part):.1f}" for part in parts), f"{med(fmt, kind):.1f}",
                  f"{med(fmt, kind) / u[fmt]['user_records'] * 1e6:.1f}")  # fmt: skip
             for fmt in FORMATS
             for kind in ("raw", "typed")
@@ -345,23 +342,12 @@ def record_sizes(n: int = 10_000) -> dict[str, dict[str, float]]:
 
 
 def add_to_report(path: Path, results: dict[str, Any]) -> None:
-    """Put the typed section into a report ``benchmarks/report.py`` wrote: before "Against the
-    targets", numbered after the report's last section, and its targets at the end of that table."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    start = lines.index("## Against the targets")
-    numbered = [line for line in lines[:start] if line.startswith("## ") and line[3:4].isdigit()]
-    n = len(numbered) + 1
+    """Put the typed section and its targets into a report ``benchmarks/report.py`` wrote."""
+    from benchmarks.report import add_section
+
     raw = None
     if results.get("throttled"):
         t = results["throttled"]
         raw = t["ours"]["read_bytes_per_second"] / t["limit_bytes_per_second"]
-    section = typed_markdown(results["typed"], f"## {n}. Typed records", raw)
-    end = start + 1
-    while end < len(lines) and not lines[end].startswith("|"):  # the table's first line
-        end += 1
-    while end < len(lines) and lines[end].startswith("|"):  # past its last row
-        end += 1
-    rows = [_row(name, value, "yes" if ok else "**no**") for name, value, ok in typed_targets(results["typed"])]
-    lines = lines[:start] + section + lines[start:end] + rows + lines[end:]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    add_section(path, "Typed records", lambda heading: typed_markdown(results["typed"], heading, raw),
+                typed_targets(results["typed"]))
