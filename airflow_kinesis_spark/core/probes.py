@@ -15,13 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from airflow_kinesis_spark.core.pool import pool_threads
+from airflow_kinesis_spark.core.pool import CallGate, CallsStopped, GatedClient, pool_threads
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.reader import ShardReader
 
@@ -64,79 +63,6 @@ def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader
 PROBE_THREADS_PER_CONNECTION = 8
 
 
-class _ProbesStopped(Exception):
-    """Raised into a probe when another one found a user record (``probe_ranges(until_record=True)``)."""
-
-
-class _ProbeGate:
-    """Lets at most ``limit`` calls of the probes' shared client be in flight at once (botocore
-    pools ``max_pool_connections`` connections; a call beyond them opens one and throws it away:
-    "Connection pool is full"), whatever the number of probe threads. A probe that made its first
-    call goes before probes that have not started, so the started ones finish first; with
-    ``stop`` set, a call raises :class:`_ProbesStopped` instead.
-
-    A finished call wakes one waiting probe (a started one if any waits), not every probe
-    thread: at 256 shards there are 80 of them, and waking them all after each call cost more
-    CPU than the calls themselves."""
-
-    def __init__(self, limit: int, stop: threading.Event) -> None:
-        self.limit = max(1, limit)
-        self.stop = stop
-        self._lock = threading.Lock()
-        self._started_turn = threading.Condition(self._lock)  # probes that made their first call
-        self._first_turn = threading.Condition(self._lock)  # probes that have not
-        self._in_flight = 0
-        self._continuing = 0  # started probes waiting for a connection
-
-    @contextmanager
-    def call(self, first: bool) -> Iterator[None]:
-        with self._lock:
-            if first:
-                while self._in_flight >= self.limit or self._continuing:
-                    self._first_turn.wait()
-            else:
-                self._continuing += 1
-                try:
-                    while self._in_flight >= self.limit:
-                        self._started_turn.wait()
-                finally:
-                    self._continuing -= 1
-            if self.stop.is_set():
-                self._wake()  # each stopped probe wakes the next, until all waiting ones left
-                raise _ProbesStopped()
-            self._in_flight += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-                self._wake()
-
-    def _wake(self) -> None:
-        """Hand a free connection to one waiting probe, a started one first (the lock is held)."""
-        (self._started_turn if self._continuing else self._first_turn).notify()
-
-
-class _GatedClient:
-    """One probe's view of the shared client: each API call passes the :class:`_ProbeGate`."""
-
-    def __init__(self, client: Any, gate: _ProbeGate) -> None:
-        self._client = client
-        self._gate = gate
-        self._started = False
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._client, name)
-        if name.startswith("_") or name in ("exceptions", "meta") or not callable(attribute):
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            first, self._started = not self._started, True
-            with self._gate.call(first):
-                return attribute(*args, **kwargs)
-
-        return call
-
 
 #: Seconds a checkpoint's ``resume_iterator`` is used for after its read got it: shard iterators
 #: expire 5 minutes after they are returned (Kinesis API reference, GetShardIterator); the
@@ -177,15 +103,15 @@ def probe_ranges(
     found = threading.Event()
 
     connections = pool_threads(client, len(ranges))
-    gate = _ProbeGate(connections, found)
+    gate = CallGate(connections, found)
 
     def probe(rng: ShardRange) -> ShardReport | None:
         try:
             # probe_range is looked up on this module at each call, so a wrapper set there takes
             # effect (a test counts the probes in flight that way).
             resume = rng.start_checkpoint.resume_iterator_for(now, RESUME_ITERATOR_SECONDS) if reuse_iterators else None
-            report = probe_range(_GatedClient(client, gate), stream_name, rng, resume_iterator=resume, **reader_kwargs)
-        except _ProbesStopped:
+            report = probe_range(GatedClient(client, gate), stream_name, rng, resume_iterator=resume, **reader_kwargs)
+        except CallsStopped:
             return None
         if until_record and report.records:
             found.set()

@@ -45,6 +45,10 @@ __all__ = [
 #: 512 record batches took about 0.2 s more of its CPU than a few joined ones (an isolated local[2] run).
 #: The rows are Spark's own default batch (``spark.sql.execution.arrow.maxRecordsPerBatch``).
 HANDOVER_ROWS = 10_000
+#: Kinesis calls one Spark task's polling readers have in flight at most (the connections its
+#: client pools): a reader waits between its calls (pacing, the shard's read budget) without
+#: holding one, so a few dozen connections serve hundreds of ranges.
+TASK_CONNECTIONS = 64
 HANDOVER_BYTES = 8 * 1024 * 1024
 
 
@@ -83,7 +87,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         import boto3
         from botocore.config import Config
 
-        from airflow_kinesis_spark.core.pool import share_data_loader
+        from airflow_kinesis_spark.core.pool import CallGate, GatedClient, share_data_loader
         from airflow_kinesis_spark.core.ranges import ShardRange
         from airflow_kinesis_spark.core.read_options import own_throttling
         from airflow_kinesis_spark.core.reader import ShardReader
@@ -95,22 +99,30 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
             aws_session_token=aws_env.get("AWS_SESSION_TOKEN"),
             region_name=aws_env.get("AWS_DEFAULT_REGION") or aws_env.get("AWS_REGION"),
         ))
+        connections = max(10, 2 * len(ranges))
+        if consumer_arn is None:
+            connections = min(connections, TASK_CONNECTIONS)
         client = own_throttling(session.client(  # throttling is the readers' to retry, in step with each shard's budget
             "kinesis",
             endpoint_url=aws_env.get("AWS_ENDPOINT_URL_KINESIS") or aws_env.get("AWS_ENDPOINT_URL"),
             verify=aws_env.get("AWS_CA_BUNDLE") or None,
             config=Config(
                 retries={"mode": "standard", "max_attempts": 10}, connect_timeout=10, read_timeout=60,
-                max_pool_connections=max(10, 2 * len(ranges)),
+                max_pool_connections=connections,
             ),
         ))
+        # Polling readers share the client's connections: no more calls in flight than it pools (a
+        # task of 2,048 ranges opened 4,096 connections at once). A subscription (enhanced fan-out)
+        # holds its connection for as long as it reads, so each reader keeps one of its own.
+        gate = CallGate(connections) if consumer_arn is None else None
         from airflow_kinesis_spark.core.records import RecordDecoder
 
         decoder = RecordDecoder(records) if records else None  # one per task: the schema and every page's decoding
         schema, _ = job_schema(decoder)
         readers = [
             ShardReader(
-                client, stream_name, rng, limit=options["limit"], min_call_interval=options["min_call_interval"],
+                GatedClient(client, gate) if gate else client, stream_name, rng, limit=options["limit"],
+                min_call_interval=options["min_call_interval"],
                 read_bytes_per_second=options.get("read_bytes_per_second"), consumer_arn=consumer_arn,
             )
             for rng in ranges

@@ -10,6 +10,7 @@ retry (``COMMIT_ATTEMPTS``) is what is exercised."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import timedelta
 
@@ -66,12 +67,27 @@ def test_an_iceberg_commit_that_conflicts_is_retried_on_the_refreshed_table(tmp_
     assert sink.load().scan().to_arrow().num_rows == 3 + 4  # batch 2 once
 
 
+def record_sleeps(monkeypatch) -> list[float]:
+    """``time.sleep`` of this test's thread recorded instead of taken; other threads of the
+    process (left by earlier tests in this worker) still sleep, and are not counted."""
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread() is threading.main_thread():
+            sleeps.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return sleeps
+
+
 def test_an_iceberg_commit_that_keeps_conflicting_fails_after_the_last_attempt(tmp_path, caplog, monkeypatch):
     from pyiceberg.exceptions import CommitFailedException
 
     sink, location = iceberg_sink(tmp_path)
-    sleeps: list[float] = []
-    monkeypatch.setattr(time, "sleep", sleeps.append)  # the pauses between attempts, not taken
+    sleeps = record_sleeps(monkeypatch)  # the pauses between attempts, not taken
     write_batch(location, 2, 4, delta=False)
     loads = interfere_with_iceberg(sink, 100)
     with caplog.at_level(logging.WARNING, logger="airflow_kinesis_spark.sinks.iceberg"), pytest.raises(CommitFailedException):
@@ -149,8 +165,7 @@ def test_a_delta_commit_that_keeps_conflicting_fails_after_the_last_attempt(tmp_
     from deltalake.exceptions import CommitFailedError
 
     sink, location = delta_sink(tmp_path)
-    sleeps: list[float] = []
-    monkeypatch.setattr(time, "sleep", sleeps.append)
+    sleeps = record_sleeps(monkeypatch)
     write_batch(location, 2, 4, delta=True)
     loads = interfere_with_delta(sink, location, 100)
     with caplog.at_level(logging.WARNING, logger="airflow_kinesis_spark.sinks.delta"), pytest.raises(CommitFailedError):
