@@ -160,8 +160,9 @@ def _differences(plan: BatchPlan, head: Any, store: Any, settings: Any) -> list[
     if pending_batch_id is not None and pending_batch_id != head.committed_batch_id + 1:
         found.append(("pending batch id", f"batch id: pending batch {pending_batch_id} does not follow committed batch "
                       f"{head.committed_batch_id}"))  # fmt: skip
-    committed = {k: v.to_dict() for k, v in store.committed_checkpoints(head).items()}
-    if {k: v.to_dict() for k, v in plan.checkpoints.items()} != committed:
+    # a persisted plan holds no stored shard iterators (BatchPlan.without_resume_iterators): the rest must match
+    committed = {k: v.without_resume_iterator().to_dict() for k, v in store.committed_checkpoints(head).items()}
+    if {k: v.without_resume_iterator().to_dict() for k, v in plan.checkpoints.items()} != committed:
         found.append(("checkpoints", "checkpoints: the plan starts from checkpoints other than the committed ones"))
     initial = initial_checkpoint(settings.initial_position, now=plan.created_at, initial_timestamp=settings.initial_timestamp)
     initial_changed = any(k == "initial position" for k, _ in found)

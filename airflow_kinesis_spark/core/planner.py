@@ -96,6 +96,16 @@ class BatchPlan:
     def shard_ids(self) -> list[str]:
         return [r.shard_id for r in self.ranges]
 
+    def without_resume_iterators(self) -> BatchPlan:
+        """This plan without the checkpoints' stored shard iterators (``Checkpoint.resume_iterator``):
+        the probes use them before the plan is persisted; the persisted plan need not carry them
+        (the job reads from the positions, and its report brings the new ones)."""
+        return replace(
+            self,
+            ranges=tuple(replace(r, start_checkpoint=r.start_checkpoint.without_resume_iterator()) for r in self.ranges),
+            checkpoints={k: v.without_resume_iterator() for k, v in self.checkpoints.items()},
+        )
+
     def digest(self) -> str:
         """SHA-256 (hex) of the plan's canonical form (its :meth:`to_dict` as JSON, keys sorted):
         what a job checks the stored plan against (``core.job``, BOUND). A plan read back from

@@ -184,6 +184,10 @@ class Checkpoint:
         """A copy with ``resume_iterator`` (``None``: none) got at ``issued_at`` (epoch seconds)."""
         return replace(self, resume_iterator=iterator, resume_iterator_at=issued_at if iterator else None)
 
+    def without_resume_iterator(self) -> Checkpoint:
+        """A copy without ``resume_iterator``."""
+        return self.with_resume_iterator(None, None) if self.resume_iterator else self
+
     def resume_iterator_for(self, now: float, max_age: float) -> str | None:
         """``resume_iterator`` if it was got less than ``max_age`` seconds before ``now`` (epoch
         seconds), else ``None``."""

@@ -151,10 +151,11 @@ def _check_consumer_type(consumer_type: str) -> None:
 def _for_job(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings | WindowSettings) -> BatchPlan:
     """``plan`` with what only a plan that is persisted or run needs, resolved now: the output
     spec (a ``target_file_size`` becomes a rows cap from the table's latest commit: a catalog
-    call) and, for ``efo``, the stream consumer (registered or reused, waited for until ACTIVE).
+    call) and, for ``efo``, the stream consumer (registered or reused, waited for until ACTIVE);
+    without the stored shard iterators the probes used (``BatchPlan.without_resume_iterators``).
     A run that finds no new records makes neither call."""
     arn = ensure_stream_consumer(kinesis, settings.stream_name, settings.consumer_name) if settings.consumer_type == "efo" else None
-    return replace(plan, output=_output_spec(settings.sink, planning=True), consumer_arn=arn)
+    return replace(plan.without_resume_iterators(), output=_output_spec(settings.sink, planning=True), consumer_arn=arn)
 
 
 # -- incremental -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ store on moto, the protocol's real planner, probes and commit; the job is
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -73,6 +74,9 @@ def test_an_idle_run_after_a_batch_probes_each_shard_with_one_get_records(kinesa
     produced += put_plain(kinesalite, unique_name, [(f"k{i}", f"d{i}".encode()) for i in range(10)])
     third = run_incremental(kinesalite, store, job, settings(unique_name), "run-3")
     assert third["status"] == "committed" and third["records"] == 40
+    # batch 2 was planned from checkpoints with stored iterators; its persisted plan holds none (the probes used them)
+    assert "resume_iterator" not in json.dumps(store.committed_plan().to_dict())
+    assert all(c.resume_iterator for c in store.committed_checkpoints().values())  # batch 2's reads left new ones
     assert row_keys(job.all_rows(store.head().committed_batch_id, "mem://out")) == produced_keys(produced)  # EXACT
 
 
