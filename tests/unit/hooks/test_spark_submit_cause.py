@@ -5,18 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_kinesis_spark.hooks.spark_submit import exception_line, failure_cause
-
-OUTPUT = """\
-26/11/24 00:16:27 INFO SparkContext: Running Spark version 4.1.1
-Traceback (most recent call last):
-  File "/opt/job/kinesis_batch.py", line 600, in main
-py4j.protocol.Py4JJavaError: An error occurred while calling o45.parquet.
-: org.apache.spark.SparkException: Job aborted due to stage failure
-\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2856)
-Caused by: java.io.IOException: Mkdirs failed to create file:/readonly/lake/_staging/batch_id=1-ab12
-\tat org.apache.hadoop.fs.ChecksumFileSystem.create(ChecksumFileSystem.java:515)
-26/11/24 00:16:28 INFO ShutdownHookManager: Shutdown hook called
-"""
+from tests.unit.hooks.provider_probe import OUTPUT  # a failed PySpark job's spark-submit output (the probe's fake prints it)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -35,21 +37,31 @@ def iceberg_sink(tmp_path) -> tuple[IcebergSink, object]:
     return sink, location
 
 
-def interfere_with_iceberg(sink: IcebergSink, times: int) -> list[int]:
-    """Make ``sink.load`` hand out a table that another writer then moves on (an empty append:
-    a new snapshot), for the first ``times`` loads. Returns the list of loads (its length)."""
+def interfere(sink: IcebergSink | DeltaSink, times: int, commit_elsewhere: Callable[[Callable[[], Any]], None]) -> list[int]:
+    """Make ``sink.load`` hand out a table that another writer then moves on
+    (``commit_elsewhere(load)``, ``load`` the sink's own), for the first ``times`` loads. Returns
+    the list of loads (its length)."""
     real, loads = sink.load, []
 
     def load():
         table = real()
         loads.append(1)
         if len(loads) <= times:
-            other = real()
-            other.append(other.schema().as_arrow().empty_table())
+            commit_elsewhere(real)
         return table
 
     sink.load = load  # type: ignore[method-assign]
     return loads
+
+
+def append_nothing(load: Callable[[], Any]) -> None:
+    """Another Iceberg writer: an empty append, a new snapshot."""
+    other = load()
+    other.append(other.schema().as_arrow().empty_table())
+
+
+def interfere_with_iceberg(sink: IcebergSink, times: int) -> list[int]:
+    return interfere(sink, times, append_nothing)
 
 
 def test_an_iceberg_commit_that_conflicts_is_retried_on_the_refreshed_table(tmp_path, caplog):
@@ -130,19 +142,9 @@ def delta_sink(tmp_path) -> tuple[DeltaSink, object]:
 
 
 def interfere_with_delta(sink: DeltaSink, location, times: int) -> list[int]:
-    """Make ``sink.load`` hand out a table that another writer then changes (its metadata: a
-    table property), for the first ``times`` loads."""
-    real, loads = sink.load, []
-
-    def load():
-        table = real()
-        loads.append(1)
-        if len(loads) <= times:
-            DeltaTable(str(location)).alter.set_table_properties({"delta.appendOnly": "false"})
-        return table
-
-    sink.load = load  # type: ignore[method-assign]
-    return loads
+    """Another Delta writer changes the table's metadata (a table property) after each of the
+    first ``times`` loads."""
+    return interfere(sink, times, lambda load: DeltaTable(str(location)).alter.set_table_properties({"delta.appendOnly": "false"}))
 
 
 def test_a_delta_commit_that_conflicts_is_retried_on_the_reloaded_table(tmp_path, caplog):
