@@ -124,8 +124,9 @@ class SummaryBudget:
     # -- the state -------------------------------------------------------------------------------
 
     @contextmanager
-    def _state(self) -> Iterator[dict[str, Any]]:
-        """The shared state, locked for the block (threads by a lock, processes by ``flock``); written back after it."""
+    def _state(self, write: bool = True) -> Iterator[dict[str, Any]]:
+        """The shared state, locked for the block (threads by a lock, processes by ``flock``);
+        written back after it unless ``write`` is false (a block that only reads)."""
         directory = self.state_dir or default_state_dir()
         with _local_lock:
             try:
@@ -153,6 +154,8 @@ class SummaryBudget:
                 except (OSError, ValueError):
                     state = {}  # none yet, or left half written by a process that died
                 yield state
+                if not write:
+                    return
                 temporary = f"{path}.{os.getpid()}.{threading.get_ident()}"
                 with open(temporary, "w", encoding="utf-8") as file:
                     json.dump(state, file, default=_encode)
@@ -183,7 +186,9 @@ class SummaryBudget:
 
     def cached(self, client: Any, stream: str, max_age: float) -> dict[str, Any] | None:
         """A summary of ``stream`` at most ``max_age`` seconds old, or ``None``."""
-        with self._state() as state:
+        if max_age <= 0:
+            return None
+        with self._state(write=False) as state:
             return self._fresh(state, client, stream, max_age, time.monotonic())
 
     def remember(self, client: Any, stream: str, summary: dict[str, Any]) -> None:

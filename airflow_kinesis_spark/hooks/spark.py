@@ -140,8 +140,8 @@ class SparkSubmitJob:
         tmp = make_batch_temp_dir(arguments.batch_id, consumer=consumer_key(arguments.stream_name, arguments.consumer_name))
         args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
         try:
-            job = self._job(args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
-                            output_location, arguments.checkpoint_table)  # fmt: skip
+            job = self._job(connection, args, core_zip(tmp), arguments.stream_name, arguments.consumer_name,
+                            arguments.batch_id, output_location, arguments.checkpoint_table)  # fmt: skip
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -219,7 +219,10 @@ class SparkSubmitJob:
         output_location: str | None, checkpoint_table: str | None = None,
         after: str = "No checkpoint moved; the plan stays pending and the next attempt re-uses it.",
     ) -> None:  # fmt: skip
-        job = self._job(args, core, stream_name, consumer_name, batch_id, output_location, checkpoint_table)
+        from airflow_kinesis_spark.hooks.spark_submit import spark_connection
+
+        job = self._job(spark_connection(self.settings.spark_conn_id), args, core, stream_name, consumer_name, batch_id,
+                        output_location, checkpoint_table)  # fmt: skip
         # spark-submit through die_with_parent, its output copied into the run's directory (the wrapper)
         self._hook = job.hook(work_dir=os.path.dirname(core))
         log.info("Submitting the Spark job of %s", label)
@@ -235,13 +238,12 @@ class SparkSubmitJob:
             self._hook = None
 
     def _job(
-        self, args: list[str], core: str, stream_name: str, consumer_name: str, batch_id: int,
-        output_location: str | None, checkpoint_table: str | None,
+        self, connection: SparkConnection, args: list[str], core: str, stream_name: str, consumer_name: str,
+        batch_id: int, output_location: str | None, checkpoint_table: str | None,
     ) -> _SubmitArguments:  # fmt: skip
         """The spark-submit arguments of a job: the hook's constructor arguments, derived from the
-        connection's master and deploy mode (:func:`~airflow_kinesis_spark.hooks.spark_submit.spark_connection`)."""
-        from airflow_kinesis_spark.hooks.spark_submit import spark_connection
-
+        connection's master and deploy mode (``connection``: looked up once per submission,
+        :func:`~airflow_kinesis_spark.hooks.spark_submit.spark_connection`)."""
         s = self.settings
         args = list(args)
         if s.transform:
@@ -250,7 +252,6 @@ class SparkSubmitJob:
                 args += ["--transform-allowed-modules", ",".join(s.transform_allowed_modules)]
         py_files = ",".join(p for p in (core, s.py_files) if p)
         name = f"kinesis-batch-{stream_name}-{consumer_name}-{batch_id}"
-        connection = spark_connection(s.spark_conn_id)
         conf = dict(s.spark_conf)
         if connection.is_local:
             conf = {**LOCAL_UI_CONF, **conf}  # the DAG author's spark_conf wins
@@ -275,7 +276,7 @@ class SparkSubmitJob:
             # (a virtualenv that was not activated).
             log.info("spark-submit is not on PATH; using the one installed with pyspark in %s", venv_bin)
             env["PATH"] = os.pathsep.join(p for p in (str(venv_bin), os.environ.get("PATH", "")) if p)
-        return _SubmitArguments(s.spark_conn_id, conf, files, py_files, name, args, env)
+        return _SubmitArguments(connection, conf, files, py_files, name, args, env)
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,7 @@ class _SubmitArguments:
     """A job's spark-submit arguments: what :class:`~airflow_kinesis_spark.hooks.spark_submit.BatchSparkSubmitHook`
     takes through its constructor (or ``local_submit_command``, for a detached local job)."""
 
-    conn_id: str
+    connection: SparkConnection
     conf: dict[str, Any]
     files: str | None
     py_files: str
@@ -295,8 +296,9 @@ class _SubmitArguments:
         from airflow_kinesis_spark.hooks import spark_submit
 
         return spark_submit.BatchSparkSubmitHook(
-            conf={**self.conf, **(extra_conf or {})}, conn_id=self.conn_id, py_files=self.py_files, files=self.files,
-            application_args=self.args, env_vars=self.env, name=self.name, work_dir=work_dir,
+            conf={**self.conf, **(extra_conf or {})}, conn_id=self.connection.conn_id, py_files=self.py_files,
+            files=self.files, application_args=self.args, env_vars=self.env, name=self.name, work_dir=work_dir,
+            spark_binary=self.connection.spark_binary,  # known: the hook need not look the connection up for it
         )  # fmt: skip
 
 

@@ -126,7 +126,11 @@ def test_spark_submit_gives_the_job_the_transform_allow_list(monkeypatch, tmp_pa
     settings = SparkJobSettings(spark_conn_id="spark_default", kinesis_hook=_RegionOnly(), transform=transform,
                                 transform_allowed_modules=allowed, job_credentials="none")  # fmt: skip
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "spark://local%5B2%5D")  # a local master (no lookup of a missing one)
-    hook = SparkSubmitJob(settings)._job(["--batch-id", "7"], str(tmp_path / "core.zip"), "orders", "lake", 7, None, None).hook()
+    from airflow_kinesis_spark.hooks.spark_submit import spark_connection
+
+    job = SparkSubmitJob(settings)._job(spark_connection("spark_default"), ["--batch-id", "7"], str(tmp_path / "core.zip"),
+                                        "orders", "lake", 7, None, None)  # fmt: skip
+    hook = job.hook()
     assert hook.kwargs["application_args"] == ["--batch-id", "7", *expected]
 
 
