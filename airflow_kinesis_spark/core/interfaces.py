@@ -17,15 +17,19 @@ No Airflow import.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.ranges import ShardReport
 
+if TYPE_CHECKING:  # annotations only (``from __future__ import annotations``): no run-time dependency
+    from typing_extensions import TypeIs
+
 __all__ = ["BatchJob", "HandedBatchJob", "hands_off"]
 
 
+@runtime_checkable
 class BatchJob(Protocol):
     """Runs one planned batch: reads every planned range, writes the output at
     ``plan.output_location`` (overwriting), and returns one report per planned range.
@@ -73,6 +77,12 @@ class HandedBatchJob(Protocol):
         ...
 
 
-def hands_off(job: Any) -> bool:
-    """Whether ``job`` takes its batch from the store (:class:`HandedBatchJob`)."""
-    return bool(getattr(job, "takes_batch_from_store", False))
+def hands_off(job: BatchJob | HandedBatchJob) -> TypeIs[HandedBatchJob]:
+    """Whether ``job`` takes its batch from the store (:class:`HandedBatchJob`: its
+    ``takes_batch_from_store`` is ``True``); for a type checker, ``job`` is a
+    :class:`HandedBatchJob` where this is true and a :class:`BatchJob` where it is false.
+
+    A runner may be both (``hooks.spark.SparkJob``: its attribute says which way it runs);
+    ``isinstance(job, BatchJob)`` tells whether it can also take a plan directly.
+    """
+    return getattr(job, "takes_batch_from_store", False) is True

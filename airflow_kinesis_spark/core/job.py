@@ -30,7 +30,7 @@ import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.names import validate_consumer_name, validate_stream_name, validate_table_name
 from airflow_kinesis_spark.core.planner import BatchPlan, validate_report
@@ -39,6 +39,9 @@ from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.exceptions import CheckpointConflictError
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:  # type checking only: the store imports this module's neighbours
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 __all__ = [
     "JobArguments",
@@ -225,15 +228,14 @@ def bound_output_location(plan: BatchPlan, args: JobArguments) -> str | None:
     from airflow_kinesis_spark.core.locations import batch_output_location, plan_id, window_output_location
 
     if args.window:
-        assert plan.window_start is not None
-        base = window_output_location(args.output_root, plan.window_start, plan.cutoff)
+        base = window_output_location(args.output_root, *plan.window)
         return plan.output_location if plan.output_location.startswith(base + "/run=") else base
     table = (plan.output or {}).get("format", "parquet") != "parquet"
     return batch_output_location(args.output_root, plan.batch_id, plan_id(plan) if table else None)
 
 
 def run_handed_batch(
-    store: Any,
+    store: DynamoDBCheckpointStore,
     args: JobArguments,
     *,
     write: Callable[[BatchPlan, str], dict[str, Any]],
@@ -325,7 +327,7 @@ def _write_and_publish(
 
 
 def run_handed_window(
-    store: Any,
+    store: DynamoDBCheckpointStore,
     args: JobArguments,
     *,
     write: Callable[[BatchPlan, str], dict[str, Any]],

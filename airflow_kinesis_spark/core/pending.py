@@ -36,6 +36,7 @@ from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import PendingPlanMismatchError
 
 if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
     from airflow_kinesis_spark.sinks import Sink
 
 __all__ = [
@@ -112,7 +113,7 @@ def _caps(plan: BatchPlan, name: str) -> Any:
     return next(iter(values)) if len(values) == 1 else sorted(values, key=str)
 
 
-def _differences(plan: BatchPlan, head: Any, store: Any, settings: Any) -> list[tuple[str, str]]:
+def _differences(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any) -> list[tuple[str, str]]:
     """``(item, line)`` per difference of :func:`pending_plan_differences`."""
     pending_batch_id = head.pending_batch_id
     expected: dict[str, Any] = {
@@ -187,7 +188,7 @@ def _differences(plan: BatchPlan, head: Any, store: Any, settings: Any) -> list[
     return found
 
 
-def check_pending_against_stream(kinesis: Any, plan: BatchPlan, head: Any, store: Any, settings: Any, now: datetime) -> None:
+def check_pending_against_stream(kinesis: Any, plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any, now: datetime) -> None:
     """What a pending plan's check needs the stream for (after :func:`check_pending_plan`): every
     range's shard is a shard of the stream whose parents are at ``SHARD_END`` in the committed
     checkpoints (ORDER); a recorded trim gap is real (the shard's committed checkpoint is behind
@@ -225,7 +226,7 @@ def check_pending_against_stream(kinesis: Any, plan: BatchPlan, head: Any, store
         _raise_mismatch(found, head, store, settings)
 
 
-def pending_plan_differences(plan: BatchPlan, head: Any, store: Any, settings: Any) -> list[str]:
+def pending_plan_differences(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any) -> list[str]:
     """How a pending plan read from the checkpoint table differs from what this task would plan:
     one line per difference, ``"<item>: the plan has <a>, this task has <b> (set by <argument>)"``
     (``(set by ...)`` only where an argument of the task sets the item); ``[]`` when it is this
@@ -238,7 +239,7 @@ def discard_pending_command(stream: str, consumer: str, table: str) -> str:
     return f"kinesis-spark discard-pending {stream} -c {consumer} -t {table} --dry-run"
 
 
-def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Any) -> None:
+def check_pending_plan(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any) -> None:
     """Check a pending plan read from the checkpoint table against what this task would plan.
 
     The table is state anyone with write access to it can change, and a DAG's settings change, so
@@ -264,7 +265,7 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: Any, settings: Any) ->
     _raise_mismatch(found, head, store, settings)
 
 
-def _raise_mismatch(found: list[tuple[str, str]], head: Any, store: Any, settings: Any) -> None:
+def _raise_mismatch(found: list[tuple[str, str]], head: Any, store: DynamoDBCheckpointStore, settings: Any) -> None:
     """Raise :class:`PendingPlanMismatchError` for ``found`` (see :func:`check_pending_plan`)."""
     arguments = sorted({a.strip() for k, _ in found if k in _SET_BY for a in _SET_BY[k].split(",")})
     foreign = any(k not in _SET_BY for k, _ in found)

@@ -96,6 +96,16 @@ class BatchPlan:
     def shard_ids(self) -> list[str]:
         return [r.shard_id for r in self.ranges]
 
+    @property
+    def window(self) -> tuple[datetime, datetime]:
+        """A window plan's ``(start, end)``: arrival times, UTC, end excluded.
+
+        :raises ValueError: an incremental plan (it has no window).
+        """
+        if self.window_start is None:
+            raise ValueError(f"batch {self.batch_id} of {self.stream_name!r} is an incremental plan: it has no window")
+        return self.window_start, self.cutoff
+
     def without_resume_iterators(self) -> BatchPlan:
         """This plan without the checkpoints' stored shard iterators (``Checkpoint.resume_iterator``):
         the probes use them before the plan is persisted; the persisted plan need not carry them

@@ -54,6 +54,7 @@ from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcom
 from airflow_kinesis_spark.core.window_position import check_window_position
 
 if TYPE_CHECKING:  # defined once, in sinks; core does not import sinks at run time
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
     from airflow_kinesis_spark.sinks import Sink
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ def _for_job(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings | Wind
 
 
 def run_incremental(
-    kinesis: Any, store: Any, job: BatchJob | HandedBatchJob, settings: IncrementalSettings, owner: str,
+    kinesis: Any, store: DynamoDBCheckpointStore, job: BatchJob | HandedBatchJob, settings: IncrementalSettings, owner: str,
     *, now: datetime | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One incremental batch of one (stream, consumer), exactly once.
@@ -199,17 +200,17 @@ def run_incremental(
             # This run holds the batch until its job's driver claims it (the driver's start may
             # outlast the lease); the driver holds it from then on.
             with store.hold_hand_off(plan.batch_id, owner, settings.lease_seconds):
-                job.run_handed(arguments, output_location=plan.output_location)  # type: ignore[union-attr]
+                job.run_handed(arguments, output_location=plan.output_location)
             return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused, sink=settings.sink,
                                  plan_digest=plan.digest())  # fmt: skip
         return _run_job_and_commit(
-            store, job, plan, owner, settings.lease_seconds, records_expected=prepared.records_expected,  # type: ignore[arg-type]
+            store, job, plan, owner, settings.lease_seconds, records_expected=prepared.records_expected,
             reused=prepared.reused, sink=settings.sink,
         )  # fmt: skip
 
 
 @contextmanager
-def _released_on_error(store: Any, batch_id: int, owner: str) -> Iterator[None]:
+def _released_on_error(store: DynamoDBCheckpointStore, batch_id: int, owner: str) -> Iterator[None]:
     """Give up this run's lease on ``batch_id`` (its own and its writers': the job's driver, the
     commit) when the run fails, so a retry need not wait for the lease to expire: this run's
     processes ended (a job that failed, a table commit that refused the batch)."""
@@ -241,7 +242,7 @@ class PreparedBatch:
     reused: bool = False
     output_root: str | None = None
 
-    def job_arguments(self, store: Any, owner: str, lease_seconds: float) -> JobArguments:
+    def job_arguments(self, store: DynamoDBCheckpointStore, owner: str, lease_seconds: float) -> JobArguments:
         """The job's arguments for the pending batch (``core.job``): what this run decided, with
         the checked plan's digest and the task's output root, so the job acts on that plan only."""
         assert self.plan is not None, "no pending batch: the run finished without a job"
@@ -254,7 +255,7 @@ class PreparedBatch:
 
 
 def prepare_incremental(
-    kinesis: Any, store: Any, settings: IncrementalSettings, owner: str, *, now: datetime | None = None
+    kinesis: Any, store: DynamoDBCheckpointStore, settings: IncrementalSettings, owner: str, *, now: datetime | None = None
 ) -> PreparedBatch:
     """Everything of an incremental run before its job: the plan task of a split task group.
 
@@ -314,7 +315,7 @@ def prepare_incremental(
 
 
 def commit_handed(
-    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Sink | None = None,
+    store: DynamoDBCheckpointStore, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Sink | None = None,
     plan_digest: str | None = None,
 ) -> dict[str, Any]:
     """Commit pending batch ``batch_id`` from the report its job recorded: the commit task.
@@ -334,13 +335,18 @@ def commit_handed(
     :raises CheckpointConflictError: the batch is not pending (discarded, or a later batch is
         committed), or another run took it over.
     :raises ReportValidationError: the recorded report does not match the plan; nothing committed.
+    :raises CheckpointStoreCorruptError: ``batch_id`` is committed and its plan is not in the table
+        (:meth:`~airflow_kinesis_spark.core.store.DynamoDBCheckpointStore.missing_plan_error`).
     """
     head = store.head()
     if head.committed_batch_id == batch_id and head.pending_batch_id != batch_id:
-        plan = store.committed_plan(head)
-        reports = store.committed_report(head) or []
-        summary = incremental_summary(plan, reports, store.committed_checkpoints(head), "committed", reused=True, sink=sink)
-        log_outcome(plan, reports, summary, committed_by=head.committed_owner)
+        committed = store.committed_plan(head)
+        if committed is None:
+            raise store.missing_plan_error(head)
+        committed_reports = store.committed_report(head) or []
+        summary = incremental_summary(committed, committed_reports, store.committed_checkpoints(head), "committed", reused=True,
+                                      sink=sink)  # fmt: skip
+        log_outcome(committed, committed_reports, summary, committed_by=head.committed_owner)
         return summary
     if head.pending_batch_id != batch_id:
         raise CheckpointConflictError(
@@ -382,7 +388,7 @@ def commit_handed(
 
 
 def plan_batch(
-    kinesis: Any, store: Any, settings: IncrementalSettings, batch_id: int, now: datetime, *, head: Any = None
+    kinesis: Any, store: DynamoDBCheckpointStore, settings: IncrementalSettings, batch_id: int, now: datetime, *, head: Any = None
 ) -> BatchPlan:
     """Plan batch ``batch_id`` from the committed checkpoints and the shard lineage; nothing persisted.
 
@@ -432,7 +438,7 @@ def _gap_detail(gaps: Mapping[str, str]) -> str:
     return "; ".join(f"{k}: {v}" for k, v in sorted(gaps.items()))
 
 
-def _pending_plan_gaps(kinesis: Any, store: Any, plan: BatchPlan, settings: IncrementalSettings, owner: str, now: datetime) -> bool:
+def _pending_plan_gaps(kinesis: Any, store: DynamoDBCheckpointStore, plan: BatchPlan, settings: IncrementalSettings, owner: str, now: datetime) -> bool:
     """Check a pending plan's start positions against the trim horizon before it is re-used.
 
     A batch left pending for longer than the stream's retention period starts after checkpoints
@@ -465,7 +471,7 @@ def _pending_plan_gaps(kinesis: Any, store: Any, plan: BatchPlan, settings: Incr
 
 
 def _run_job_and_commit(
-    store: Any, job: BatchJob, plan: BatchPlan, owner: str, lease_seconds: float, *, records_expected: bool, reused: bool,
+    store: DynamoDBCheckpointStore, job: BatchJob, plan: BatchPlan, owner: str, lease_seconds: float, *, records_expected: bool, reused: bool,
     sink: Sink | None = None,
 ) -> dict[str, Any]:
     """Run the job of the pending ``plan`` under its lease, then record its report and commit."""
@@ -477,7 +483,7 @@ def _run_job_and_commit(
 
 
 def _commit(
-    store: Any, plan: BatchPlan, reports: list[ShardReport], checkpoints: Mapping[str, Checkpoint], owner: str, *, reused: bool,
+    store: DynamoDBCheckpointStore, plan: BatchPlan, reports: list[ShardReport], checkpoints: Mapping[str, Checkpoint], owner: str, *, reused: bool,
     sink: Sink | None = None,
 ) -> dict[str, Any]:
     """Make the batch visible in the sink's table (idempotent per batch id), then advance every
@@ -562,7 +568,7 @@ def _probe_batch(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings) -
 
 
 def _commit_without_records(
-    kinesis: Any, store: Any, plan: BatchPlan, probes: list[ShardReport], owner: str, settings: IncrementalSettings
+    kinesis: Any, store: DynamoDBCheckpointStore, plan: BatchPlan, probes: list[ShardReport], owner: str, settings: IncrementalSettings
 ) -> dict[str, Any]:
     """No planned range has a record: no job. Commit only when a checkpoint must be recorded:
     a new shard's starting position, a shard's end, or (at most every :data:`IDLE_REFRESH`) that
@@ -598,7 +604,7 @@ def _needs_idle_refresh(checkpoint: Checkpoint, cutoff: datetime) -> bool:
 
 def run_window(
     kinesis: Any, job: BatchJob | HandedBatchJob, settings: WindowSettings, *, now: datetime | None = None,
-    store: Any = None, owner: str | None = None,
+    store: DynamoDBCheckpointStore | None = None, owner: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Read the window ``[start, end)`` of a stream by arrival time (backfill); checkpoints untouched.
 
@@ -619,13 +625,17 @@ def run_window(
         ``window_start``, ``window_end``, ``records``, ``bytes``, ``output_path``, ``quarantined``,
         ``quarantine_path``, ``out_of_range``, ``time_slices``, ``shards`` (per shard ``records``,
         ``bytes``, ``slices``, ``quarantined``, ``out_of_range``), ``trim_gap``.
-    :raises ValueError: ``start >= end`` or an end in the future.
+    :raises ValueError: ``start >= end``, an end in the future, or no ``store`` for a job that
+        only takes its batch from one (before any call).
     :raises DataLossError: the window starts before the trim horizon without ``allow_data_loss``.
     :raises ReportValidationError: the job's reports do not cover every (shard, slice) once.
     """
     now = to_utc(now or datetime.now(timezone.utc))
     start, end = to_utc(settings.start), to_utc(settings.end)
     validate_window(start, end, now=now)  # cheap checks before any call
+    if not (isinstance(job, BatchJob) or (store is not None and hands_off(job))):
+        raise ValueError(f"{type(job).__name__} takes its batch from a checkpoint store, and this window has none: "
+                         "give the window a checkpoint_table, or run it with a job that takes its plan directly")  # fmt: skip
     summary = describe_stream_summary(kinesis, settings.stream_name)
     horizon = now - timedelta(hours=float(summary["RetentionPeriodHours"]))
     gap = validate_window(start, end, now=now, trim_horizon=horizon, allow_data_loss=settings.allow_data_loss)
@@ -655,10 +665,10 @@ def run_window(
     if found and settings.sink is not None:
         settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)
     if found and store is not None and hands_off(job):
-        reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes),  # type: ignore[arg-type]
-                                     settings.output_root)
+        reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes), settings.output_root)
     elif found:
-        reports = job.run(plan, records_expected=any(r.records for r in probes))  # type: ignore[union-attr]
+        assert isinstance(job, BatchJob)  # checked before any call
+        reports = job.run(plan, records_expected=any(r.records for r in probes))
     else:
         log.info("No records in the window: no Spark job, no files")
         reports = probes
@@ -674,10 +684,10 @@ def run_window(
 
 
 def _run_handed_window(
-    store: Any, job: HandedBatchJob, plan: BatchPlan, owner: str, records_expected: bool, output_root: str
+    store: DynamoDBCheckpointStore, job: HandedBatchJob, plan: BatchPlan, owner: str, records_expected: bool, output_root: str
 ) -> list[ShardReport]:
     """Hand a window's plan to its job through the store and read its report back from there."""
-    label = window_label(plan.window_start, plan.cutoff)  # type: ignore[arg-type]
+    label = window_label(*plan.window)
     store.write_window(label, "PLAN", owner, plan.to_dict())
     arguments = JobArguments(
         checkpoint_table=store.table_name, stream_name=plan.stream_name, consumer_name=plan.consumer_name, batch_id=0,

@@ -289,6 +289,15 @@ class DynamoDBCheckpointStore(LeaseHolding):
             f"{prefix}00000)", fix=FIX_RESTORE,
         )  # fmt: skip
 
+    def missing_plan_error(self, head: Head) -> CheckpointStoreCorruptError:
+        """The error for a head whose committed batch's plan is not in the table (every commit
+        stores one: ``commit`` and ``rewind``)."""
+        prefix = self._prefix(head.committed_batch_id, "PLAN", head.committed_plan_owner or "")
+        return self._missing(
+            "committed_plan_owner", f"the plan of committed batch {head.committed_batch_id} is missing (no item with sk "
+            f"{prefix}00000)", fix=FIX_RESTORE,
+        )  # fmt: skip
+
     def committed_plan(self, head: Head | None = None) -> BatchPlan | None:
         """The plan of the last committed batch (``None`` before the first commit).
 

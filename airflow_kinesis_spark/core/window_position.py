@@ -13,7 +13,7 @@ No Airflow import.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.lag import known_until
 from airflow_kinesis_spark.core.names import stream_name_of
@@ -21,10 +21,13 @@ from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.exceptions import WindowAheadError
 
+if TYPE_CHECKING:  # type checking only: the store imports this module's neighbours
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
 __all__ = ["check_window_position"]
 
 
-def check_window_position(plan: BatchPlan, settings: Any, store: Any) -> None:
+def check_window_position(plan: BatchPlan, settings: Any, store: DynamoDBCheckpointStore | None) -> None:
     """A window into its consumer's own output (a root or table that holds the consumer's
     incremental batches, or a consumer with committed batches in ``store``) may cover only what
     the consumer has committed: every shard the window reads must be checkpointed at

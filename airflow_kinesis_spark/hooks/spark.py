@@ -338,16 +338,19 @@ class SparkJob:
         :raises ValueError: the connection is a Spark Connect one (its job runs in this process),
             or its driver would run in this worker.
         """
+        self._detachable()
+
+    def _detachable(self) -> SparkSubmitJob:
         runner = self._runner()
         if not isinstance(runner, SparkSubmitJob):
             raise ValueError(f"deferrable=True does not apply to spark_connect connection {self.settings.spark_conn_id!r}: "
                              "the job runs in this worker's process; use deferrable=False")  # fmt: skip
         runner.check_detachable()
+        return runner
 
     def submit_detached(self, arguments: JobArguments, *, output_location: str | None = None) -> str:
         """:meth:`SparkSubmitJob.submit_detached` (:raises ValueError: as :meth:`check_detachable`)."""
-        self.check_detachable()
-        return self.runner.submit_detached(arguments, output_location=output_location)  # type: ignore[union-attr]
+        return self._detachable().submit_detached(arguments, output_location=output_location)
 
     def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
         runner = self._runner()

@@ -109,7 +109,8 @@ class SparkJobSettings:
 def describe(plan: BatchPlan) -> str:
     """``batch N`` or ``window [start, end)``, for messages."""
     if plan.mode == "window":
-        return f"window [{format_timestamp(plan.window_start)}, {format_timestamp(plan.cutoff)})"  # type: ignore[arg-type]
+        start, end = plan.window
+        return f"window [{format_timestamp(start)}, {format_timestamp(end)})"
     return f"batch {plan.batch_id}"
 
 

@@ -463,7 +463,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
             return prepared.summary
         plan = prepared.plan
         arguments = prepared.job_arguments(store, owner, self.lease_seconds)
-        job = self.spark_job.submit_detached(arguments, output_location=plan.output_location)  # type: ignore[union-attr]
+        job = self.spark_job.submit_detached(arguments, output_location=plan.output_location)
         self.log.info("Batch %d handed to its Spark job (%s); deferring until its report is recorded", plan.batch_id, job)
         self.defer(
             trigger=KinesisBatchReportTrigger(
@@ -549,8 +549,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         )
 
     @cached_property
-    def spark_job(self) -> Any:
-        """Where the batch's Spark job runs (``hooks.spark.SparkJob``: the runner for the
+    def spark_job(self) -> SparkJob:
+        """Where the batch's Spark job runs (the runner for the
         ``spark_conn_id`` connection, chosen when a job is needed)."""
         settings = SparkJobSettings(
             spark_conn_id=self.spark_conn_id, kinesis_hook=self.kinesis_hook, read_options=self.read_options,

@@ -275,7 +275,7 @@ class DeltaSink(Sink):
         from deltalake.transaction import RemoveAction
 
         actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-        start, end = plan.window_start, plan.cutoff
+        start, end = plan.window
         removes, straddling = [], []
         now = int(datetime.now(timezone.utc).timestamp() * 1000)
         for a in actions:

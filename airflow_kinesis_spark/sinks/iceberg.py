@@ -260,7 +260,7 @@ class IcebergSink(Sink):
             if "approximate_arrival_timestamp" not in names:
                 raise TableCommitError(f"table {self.identifier} has no approximate_arrival_timestamp column: a window "
                                        "cannot replace its rows (keep the column in the transform's output)")  # fmt: skip
-            where = _arrival_between(plan.window_start, plan.cutoff)
+            where = _arrival_between(*plan.window)
             if "stream_name" in names:
                 where = And(where, _equal_to("stream_name", stream_name_of(plan.stream_name)))
             maybe = [t.file for t in table.scan(row_filter=where).plan_files()]
@@ -299,7 +299,7 @@ class IcebergSink(Sink):
         arrival = bounds("approximate_arrival_timestamp")
         if arrival is None:
             return False
-        start, end = (int(t.timestamp() * 1_000_000) for t in (plan.window_start, plan.cutoff))
+        start, end = (int(t.timestamp() * 1_000_000) for t in plan.window)
         if not (start <= arrival[0] and arrival[1] < end):
             return False
         try:

@@ -268,6 +268,30 @@ def test_a_window_reads_what_arrived_in_it_once_per_slice(kinesis, unique_name):
     assert row_keys(rows) == produced_keys(produced)
 
 
+def test_a_window_without_a_store_refuses_a_job_that_only_takes_its_batch_from_one(kinesis, unique_name):
+    # Before: AttributeError ('HandedOnly' object has no attribute 'run') once the probes had run;
+    # now refused before any call (the stream need not exist).
+    class HandedOnly:
+        """A :class:`~airflow_kinesis_spark.core.interfaces.HandedBatchJob` and nothing else."""
+
+        takes_batch_from_store = True
+        runs: list = []
+
+        def run_handed(self, arguments, *, output_location=None):
+            self.runs.append(arguments)
+
+        def kill(self):
+            pass
+
+    end = datetime.now(timezone.utc) - timedelta(seconds=1)
+    window = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w",
+                            start=end - timedelta(minutes=5), end=end, min_call_interval=0.0)  # fmt: skip
+    job = HandedOnly()
+    with pytest.raises(ValueError, match="HandedOnly takes its batch from a checkpoint store, and this window has none"):
+        run_window(kinesis, job, window)
+    assert job.runs == []
+
+
 def test_window_arguments_are_checked_before_any_call(kinesis, unique_name):
     job = ReaderJob(kinesis)
     now = datetime.now(timezone.utc)

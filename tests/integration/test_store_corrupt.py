@@ -260,6 +260,19 @@ def test_missing_committed_checkpoints_are_corrupt(store):
     assert "the checkpoints of committed batch 1 are missing" in str(info.value)
 
 
+def test_a_missing_committed_plan_is_corrupt_when_its_commit_is_repeated(store):
+    """A commit task re-run after its batch was committed reads the committed plan for its
+    summary; without it, it failed with an AttributeError on ``None``."""
+    from airflow_kinesis_spark.core.protocol import commit_handed
+
+    committed(store)
+    store.client.delete_item(TableName=store.table_name, Key=store._key(chunk_sk(1, "PLAN", store.head().committed_plan_owner)))
+    with nothing_moves(store), pytest.raises(CheckpointStoreCorruptError) as info:
+        commit_handed(store, 1, "run-a", 60.0)
+    assert_names(info.value, store, "HEAD", "committed_plan_owner", RESTORE)
+    assert "the plan of committed batch 1 is missing" in str(info.value)
+
+
 def test_join_chunks_names_the_item(store):
     pending(store)
     sk = chunk_sk(2, "PLAN", "run-b")
