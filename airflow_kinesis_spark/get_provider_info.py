@@ -64,6 +64,25 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "my_company.kinesis_transforms,team_b.transforms",
                         "default": "",
                     },
+                    "describe_stream_summary_per_second": {
+                        "description": "DescribeStreamSummary calls this host starts per second at most, per endpoint, "
+                        "shared by every process of the host\n(the resharding and retention sensors' pokes and their triggers) "
+                        "through a file under ``shared_state_dir``. The service allows 20 a second per\naccount: keep "
+                        "hosts x this value under 20.\n",
+                        "version_added": None,
+                        "type": "float",
+                        "example": "5",
+                        "default": "10",
+                    },
+                    "shared_state_dir": {
+                        "description": "Directory of the host's shared DescribeStreamSummary cache and pacer (created "
+                        "with mode 0700; it must belong to\nthe user Airflow runs as). Empty: "
+                        "``airflow-kinesis-spark-<uid>`` in the system's temporary directory.\n",
+                        "version_added": None,
+                        "type": "string",
+                        "example": "/var/run/airflow-kinesis-spark",
+                        "default": "",
+                    },
                 },
             },
         },

@@ -10,7 +10,6 @@ from typing import Any
 
 import boto3
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook, SessionFactory
-from airflow.sdk.configuration import conf
 from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.admin import check_endpoint
@@ -19,7 +18,8 @@ from airflow_kinesis_spark.core.names import parse_stream_arn, validate_stream_n
 from airflow_kinesis_spark.core.pool import share_data_loader
 from airflow_kinesis_spark.core.read_options import own_throttling
 from airflow_kinesis_spark.core.shards import Shard, describe_stream_summary, list_shards
-from airflow_kinesis_spark.core.stream_summary import DEFAULT_CALLS_PER_SECOND, SummaryBudget
+from airflow_kinesis_spark.settings import summary_budget_settings
+from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 
 #: Default lifetime of the Spark job's temporary credentials (seconds). A batch that reads
 #: longer fails with expired credentials and its retry re-uses the plan; raise it for long batches.
@@ -136,10 +136,9 @@ class KinesisStreamHook(FailFastAwsHook):
 
         :raises ValueError: ``describe_stream_summary_per_second`` not > 0.
         """
+        calls_per_second, state_dir = summary_budget_settings()
         return SummaryBudget(
-            calls_per_second=conf.getfloat("kinesis_spark", "describe_stream_summary_per_second",
-                                           fallback=DEFAULT_CALLS_PER_SECOND),
-            state_dir=conf.get("kinesis_spark", "shared_state_dir", fallback="") or None,
+            calls_per_second=calls_per_second, state_dir=state_dir,
             principal=f"{self.aws_conn_id}|{self.conn_config.role_arn or ''}",
         )  # fmt: skip
 

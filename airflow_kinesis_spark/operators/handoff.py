@@ -18,6 +18,7 @@ __all__ = ["commit_event", "commit_or_raise", "handed_event"]
 AFTER = "Nothing was committed; the plan stays pending and the next attempt re-uses it."
 
 
+
 def commit_or_raise(
     store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Any = None,
     plan_digest: str | None = None,

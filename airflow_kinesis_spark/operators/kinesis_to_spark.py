@@ -32,9 +32,10 @@ from airflow_kinesis_spark.core.protocol import (
 )
 from airflow_kinesis_spark.core.read_options import READ_BYTES_PER_SECOND, ReadOptions
 from airflow_kinesis_spark.core.retention import DEFAULT_KEEP_BATCHES
-from airflow_kinesis_spark.core.transform import check_transform_spec, parse_allowed_modules, resolve_transform
+from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.operators.handoff import commit_event
+from airflow_kinesis_spark.settings import deferral_requested, transform_allowed_modules
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 from airflow_kinesis_spark.hooks.spark import SparkJob
@@ -42,16 +43,7 @@ from airflow_kinesis_spark.hooks.spark_package import spark_script_path
 from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, validate_job_credentials
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
 
-__all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path", "transform_allowed_modules"]
-
-
-def transform_allowed_modules() -> tuple[str, ...]:
-    """The provider's ``[kinesis_spark] transform_allowed_modules`` option: the module prefixes a
-    transform may come from (``()``: not set, any module outside Python's standard library).
-
-    :raises ValueError: an entry is not a module name, or is in the standard library.
-    """
-    return parse_allowed_modules(conf.get("kinesis_spark", "transform_allowed_modules", fallback="") or "")
+__all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
 
 
 def _declared_transforms(task: BaseOperator) -> list[Any] | None:
@@ -483,9 +475,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
 
         :raises ValueError: ``deferrable=True`` with a connection whose driver would run here.
         """
-        if self.deferrable is False:
-            return False
-        if self.deferrable is None and not conf.getboolean("operators", "default_deferrable", fallback=False):
+        if not deferral_requested(self.deferrable):
             return False
         try:
             self.spark_job.check_detachable()

@@ -32,7 +32,6 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, BaseXCom, Context, TaskGroup
 from airflow.sdk.bases.skipmixin import SkipMixin
-from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_kinesis_spark.failures import task_errors
@@ -42,7 +41,8 @@ from airflow_kinesis_spark.core.protocol import prepare_incremental
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
 from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise, handed_event
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, transform_allowed_modules
+from airflow_kinesis_spark.settings import deferral_requested, transform_allowed_modules
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 
@@ -161,8 +161,8 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
         plan task's, for the table commit this task makes before the checkpoint commit
         (:class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`).
     :param output_asset: declare the output root as an Asset outlet (as :class:`KinesisToSparkOperator`).
-    :param deferrable: wait in the triggerer while the job runs (default: Airflow's
-        ``[operators] default_deferrable``).
+    :param deferrable: wait in the triggerer while the job runs. ``None`` (default): Airflow's
+        ``[operators] default_deferrable``, read when the task runs.
     :param poke_interval: seconds between two reads of the store while deferred.
     :param job_start_timeout: seconds the job has to claim the batch after the plan task handed
         it over (a queued cluster job) before a deferred wait gives up.
@@ -183,7 +183,7 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
     def __init__(
         self, *, stream_name: str, consumer_name: str, checkpoint_table: str, plan_task_id: str,
         output_path: str | None = None, output_asset: bool = True,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False), poke_interval: float = 10.0,
+        deferrable: bool | None = None, poke_interval: float = 10.0,
         job_start_timeout: float = 600.0, aws_conn_id: str | None = "aws_default", region_name: str | None = None,
         output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
@@ -233,7 +233,7 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
         store = self._store()
         batch_id, owner, lease = int(handoff["batch_id"]), handoff["lease_owner"], float(handoff["lease_seconds"])
         reused = bool(handoff.get("reused_plan"))
-        if self.deferrable:
+        if deferral_requested(self.deferrable):
             handed_at = time.time()
             # Read the head first: a job task that ran before this one has recorded its report
             # already (commit now, in this worker); defer only while the job may still record it.
@@ -284,7 +284,7 @@ def kinesis_batch_task_group(
     consumer_name: str,
     checkpoint_table: str,
     output_path: str,
-    deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+    deferrable: bool | None = None,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     aws_conn_id: str | None = "aws_default",
     region_name: str | None = None,
@@ -316,8 +316,8 @@ def kinesis_batch_task_group(
             job=lambda arguments: SparkSubmitOperator(task_id="job", application=script,
                                                       py_files=core_zip, application_args=arguments)
 
-    :param deferrable: the commit task waits in the triggerer while the job runs (default:
-        Airflow's ``[operators] default_deferrable``).
+    :param deferrable: the commit task waits in the triggerer while the job runs. ``None``
+        (default): Airflow's ``[operators] default_deferrable``, read when the task runs.
     :param lease_seconds: the batch's lease, renewed by the job's driver; keep it below the job
         task's ``retry_delay`` so a retry finds an expired lease.
     :param commit_kwargs: extra arguments of :class:`KinesisCommitBatchOperator` (``poke_interval``,

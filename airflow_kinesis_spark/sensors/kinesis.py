@@ -7,7 +7,6 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
-from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_kinesis_spark.failures import raise_event_error
@@ -21,6 +20,7 @@ from airflow_kinesis_spark.core.lag import (
 from airflow_kinesis_spark.core.names import validate_stream_name
 from airflow_kinesis_spark.core.stream_summary import RETENTION_MAX_AGE_S, STATUS_MAX_AGE_S
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+from airflow_kinesis_spark.settings import deferral_requested
 from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 from airflow_kinesis_spark.triggers.kinesis import (
     KinesisReshardingTrigger,
@@ -49,7 +49,7 @@ class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
         checkpoint_table: str,
         aws_conn_id: str | None = "aws_default",
         region_name: str | None = None,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        deferrable: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -83,7 +83,7 @@ class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
     poke_before_deferring = True
 
     def execute(self, context: Context) -> Any:
-        if not self.deferrable:
+        if not deferral_requested(self.deferrable):
             return super().execute(context)
         if self.poke_before_deferring:
             result = self.poke(context)
@@ -122,7 +122,8 @@ class KinesisShardLagSensor(_ConsumerSensor):
     :param min_age_seconds: succeed when the oldest unconsumed record is at least this old
         (seconds); ``None`` (default): succeed when any shard has an unconsumed record.
     :param initial_position: where never-seen shards start, as the operator's argument.
-    :param deferrable: poll in the triggerer (async AWS client) instead of a worker slot.
+    :param deferrable: poll in the triggerer (async AWS client) instead of a worker slot. ``None``
+        (default): Airflow's ``[operators] default_deferrable``, read when the sensor runs.
     :returns: (XCom) ``stream_name``, ``consumer_name``, ``measured_at``, ``shards`` (shard id ->
         ``checkpoint``, ``has_unconsumed``, ``oldest_unconsumed_arrival``, ``age_ms``,
         ``millis_behind_latest``), ``shards_with_unconsumed``, ``max_age_ms``, ``waiting_shards``.

@@ -9,12 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_kinesis_spark.operators.kinesis_to_spark import (
-    KinesisToSparkOperator,
-    KinesisWindowToSparkOperator,
-    transform_allowed_modules,
-)
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, KinesisWindowToSparkOperator
 from airflow_kinesis_spark.operators.split import KinesisPlanBatchOperator
+from airflow_kinesis_spark.settings import transform_allowed_modules
 
 SHIPPED = "airflow_kinesis_spark.transforms.apache_log:parse_combined_log"
 OTHER = "airflow_kinesis_spark.core.transform:parse_allowed_modules"  # importable, callable, not a transform
