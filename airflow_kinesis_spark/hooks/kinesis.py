@@ -157,9 +157,11 @@ class KinesisStreamHook(FailFastAwsHook):
 
         Shape: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN`` (from
         ``credentials``, as :meth:`job_credentials` returns them; none when ``None``: the job
-        uses its cluster's own role), ``AWS_DEFAULT_REGION`` and ``AWS_ENDPOINT_URL_KINESIS`` (when
-        the connection sets an endpoint). These are passed to spark-submit's environment, never
-        its command line.
+        uses its cluster's own role), ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL_KINESIS`` (when
+        the connection sets an endpoint) and ``AWS_CA_BUNDLE`` (when ``verify`` is a CA bundle's
+        path, which must exist where the driver runs). These are passed to spark-submit's
+        environment, never its command line. ``verify=False`` has no environment variable in
+        botocore: the job verifies certificates with its own CA bundle (logged as a warning).
         """
         env: dict[str, str] = dict(credentials or {})
         region = self.conn_region_name or self.conn.meta.region_name
@@ -168,6 +170,12 @@ class KinesisStreamHook(FailFastAwsHook):
         endpoint = self.conn_config.get_service_endpoint_url("kinesis")
         if endpoint:
             env["AWS_ENDPOINT_URL_KINESIS"] = endpoint
+        if isinstance(self.verify, str) and self.verify:
+            env["AWS_CA_BUNDLE"] = self.verify
+        elif self.verify is False:
+            self.log.warning("verify=False applies to this task's AWS clients, not to the Spark job's: the job verifies "
+                             "TLS certificates with its own CA bundle. To trust a private CA there too, give verify the "
+                             "path of a CA bundle that exists where the driver runs (it becomes the job's AWS_CA_BUNDLE)")  # fmt: skip
         return env
 
     def connection_credentials(self) -> dict[str, str]:

@@ -7,18 +7,18 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 
 from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.admin import discard_pending, rewind
 from airflow_kinesis_spark.core.consumers import deregister_stream_consumer
 from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
-from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
 
 __all__ = ["KinesisCheckpointRewindOperator", "KinesisDiscardPendingBatchOperator", "KinesisDeregisterStreamConsumerOperator"]
 
 
-class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
+class KinesisCheckpointRewindOperator(KinesisAwsBaseOperator):
     """Reset a consumer's checkpoints to a timestamp, ``TRIM_HORIZON`` or ``LATEST``.
 
     The next ``KinesisToSparkOperator`` run of that consumer reads from there (parents before
@@ -48,7 +48,7 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "stream_name", "consumer_name", "checkpoint_table", "to", "output_path", "aws_conn_id", "region_name",
+        "stream_name", "consumer_name", "checkpoint_table", "to", "output_path", *AWS_TEMPLATE_FIELDS,
     )  # fmt: skip
 
     def __init__(
@@ -62,8 +62,6 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
         discard_pending: bool = False,
         output_path: str | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -75,8 +73,6 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
         self.discard_pending = discard_pending
         self.output_path = output_path
         self.lease_seconds = lease_seconds
-        self.aws_conn_id = aws_conn_id
-        self.region_name = region_name
 
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
@@ -95,7 +91,7 @@ class KinesisCheckpointRewindOperator(ConsumerHooksMixin, BaseOperator):
         return result
 
 
-class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
+class KinesisDiscardPendingBatchOperator(KinesisAwsBaseOperator):
     """Drop a consumer's pending (planned, uncommitted) batch; its committed checkpoints stay.
 
     For a pending batch that no longer fits its task (for example after the task's
@@ -123,7 +119,7 @@ class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "stream_name", "consumer_name", "checkpoint_table", "output_path", "aws_conn_id", "region_name",
+        "stream_name", "consumer_name", "checkpoint_table", "output_path", *AWS_TEMPLATE_FIELDS,
     )  # fmt: skip
 
     def __init__(
@@ -135,8 +131,6 @@ class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
         output_path: str | None = None,
         dry_run: bool = False,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -146,8 +140,6 @@ class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
         self.output_path = output_path
         self.dry_run = dry_run
         self.lease_seconds = lease_seconds
-        self.aws_conn_id = aws_conn_id
-        self.region_name = region_name
 
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
@@ -165,7 +157,7 @@ class KinesisDiscardPendingBatchOperator(ConsumerHooksMixin, BaseOperator):
         return result
 
 
-class KinesisDeregisterStreamConsumerOperator(ConsumerHooksMixin, BaseOperator):
+class KinesisDeregisterStreamConsumerOperator(KinesisAwsBaseOperator):
     """Deregister the stream consumer ``consumer_type="efo"`` registered for a consumer.
 
     A registered stream consumer is billed per shard-hour while it exists (and per GB pushed);
@@ -174,22 +166,20 @@ class KinesisDeregisterStreamConsumerOperator(ConsumerHooksMixin, BaseOperator):
 
     :param stream_name: the stream, by name or ARN (templated).
     :param consumer_name: the consumer (templated).
-    :param aws_conn_id: the ``aws`` connection (templated).
-    :param region_name: overrides the connection's region (templated).
+    :param aws_conn_id: and ``region_name``, ``verify``, ``botocore_config``: the AWS arguments
+        (templated but ``botocore_config``; :class:`~airflow_kinesis_spark.hooks.consumer.KinesisAwsBaseOperator`).
     :returns: (XCom) ``stream``, ``consumer_name``, ``deregistered`` (``False``: it was not registered).
     """
 
-    template_fields: Sequence[str] = ("stream_name", "consumer_name", "aws_conn_id", "region_name")
+    template_fields: Sequence[str] = ("stream_name", "consumer_name", *AWS_TEMPLATE_FIELDS)
 
     def __init__(
-        self, *, stream_name: str, consumer_name: str, aws_conn_id: str | None = "aws_default", region_name: str | None = None,
+        self, *, stream_name: str, consumer_name: str,
         **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.stream_name = stream_name
         self.consumer_name = consumer_name
-        self.aws_conn_id = aws_conn_id
-        self.region_name = region_name
 
     def execute(self, context: Context) -> dict[str, Any]:
         existed = deregister_stream_consumer(self.kinesis_hook.conn, self.stream_name, self.consumer_name)

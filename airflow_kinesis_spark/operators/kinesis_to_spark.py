@@ -14,7 +14,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.configuration import conf
 
 from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
@@ -33,7 +32,7 @@ from airflow_kinesis_spark.core.protocol import (
 from airflow_kinesis_spark.core.read_options import READ_BYTES_PER_SECOND, ReadOptions
 from airflow_kinesis_spark.core.retention import DEFAULT_KEEP_BATCHES
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
-from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
 from airflow_kinesis_spark.operators.handoff import commit_event
 from airflow_kinesis_spark.settings import deferral_requested, transform_allowed_modules
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
@@ -88,7 +87,7 @@ def _check_local_output(path: str) -> None:
         raise ValueError(f"output_path {path!r} cannot be written: no write permission on {str(probe)!r}")
 
 
-class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperator):
+class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
     """Read every shard of a Kinesis stream from its checkpoint to the cutoff into Parquet, exactly once.
 
     One run is one batch of the batch protocol: **plan** (committed checkpoints + shard lineage,
@@ -144,8 +143,8 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         An aggregated record is never cut: reading stops before an aggregate that would pass the
         cap, except the first one of the range, which is taken whole (so every batch moves on).
     :param max_bytes_per_shard: cap on Kinesis record bytes read per shard per batch, or ``None``.
-    :param aws_conn_id: the ``aws`` connection for Kinesis and DynamoDB (templated).
-    :param region_name: overrides the connection's region (templated).
+    :param aws_conn_id: and ``region_name``, ``verify``, ``botocore_config``: the AWS arguments
+        (templated but ``botocore_config``; :class:`~airflow_kinesis_spark.hooks.consumer.KinesisAwsBaseOperator`).
     :param spark_conn_id: the Spark connection: type ``spark`` (spark-submit through the
         apache-spark provider; ``local[*]`` if the connection does not exist) or ``spark_connect``
         (the job runs over Spark Connect against a running server: no JVM start per batch).
@@ -249,8 +248,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         "cutoff",
         "initial_position",
         "initial_timestamp",
-        "aws_conn_id",
-        "region_name",
+        *AWS_TEMPLATE_FIELDS,
         "spark_conf",
     )
     template_fields_renderers = {"spark_conf": "json"}
@@ -271,8 +269,6 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         initial_timestamp: str | datetime | None = None,
         max_records_per_shard: int | None = None,
         max_bytes_per_shard: int | None = None,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
         spark_conn_id: str = "spark_default",
         spark_conf: dict[str, Any] | None = None,
         spark_py_files: str | None = None,
@@ -341,8 +337,6 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
         self.initial_timestamp = initial_timestamp
         self.max_records_per_shard = max_records_per_shard
         self.max_bytes_per_shard = max_bytes_per_shard
-        self.aws_conn_id = aws_conn_id
-        self.region_name = region_name
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf
         self.spark_py_files = spark_py_files
@@ -461,8 +455,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperat
             trigger=KinesisBatchReportTrigger(
                 stream_name=self.stream_name, consumer_name=self.consumer_name, checkpoint_table=self.checkpoint_table,
                 batch_id=plan.batch_id, lease_owner=owner, lease_seconds=self.lease_seconds, handed_at=time.time(),
-                job_start_timeout=self.job_start_timeout, poke_interval=self.poke_interval, aws_conn_id=self.aws_conn_id,
-                region_name=self.region_name,
+                job_start_timeout=self.job_start_timeout, poke_interval=self.poke_interval, **self.aws_trigger_kwargs,
             ),
             method_name="execute_complete",
             kwargs={"reused": prepared.reused, "plan_digest": plan.digest()},

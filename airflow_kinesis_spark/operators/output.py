@@ -79,6 +79,7 @@ class OutputSettingsMixin:
     output_path: str
     aws_conn_id: str | None
     region_name: str | None
+    aws_hook_kwargs: dict[str, Any]
 
     def _init_output(
         self, *, output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
@@ -134,7 +135,7 @@ class OutputSettingsMixin:
         """A Glue client of ``aws_conn_id`` (AWS Glue Schema Registry)."""
         from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-        return AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="glue", region_name=self.region_name).get_conn()
+        return AwsBaseHook(client_type="glue", **self.aws_hook_kwargs).get_conn()
 
     @cached_property
     def sink(self) -> Sink:

@@ -38,7 +38,7 @@ from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
 from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.protocol import prepare_incremental
-from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
 from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise, handed_event
 from airflow_kinesis_spark.settings import deferral_requested, transform_allowed_modules
@@ -46,7 +46,7 @@ from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOpera
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 
-__all__ = ["KinesisPlanBatchOperator", "KinesisCommitBatchOperator", "kinesis_batch_task_group", "JOB_ARGUMENTS_KEY"]
+__all__ = ["KinesisPlanBatchOperator", "KinesisCommitBatchOperator", "kinesis_batch_task_group", "JOB_ARGUMENTS_KEY", "DEFAULT_ARG"]
 
 #: XCom key of the plan task's job arguments (a list of strings).
 JOB_ARGUMENTS_KEY = "job_arguments"
@@ -138,7 +138,7 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
             self.skip(ti=context["ti"], tasks=skip)
 
 
-class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperator):
+class KinesisCommitBatchOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
     """The commit task of a split task group: commit the batch its plan task handed over.
 
     Reads the plan task's XCom; when a job ran, claims the batch back, validates the report the
@@ -166,8 +166,8 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
     :param poke_interval: seconds between two reads of the store while deferred.
     :param job_start_timeout: seconds the job has to claim the batch after the plan task handed
         it over (a queued cluster job) before a deferred wait gives up.
-    :param aws_conn_id: the ``aws`` connection (templated).
-    :param region_name: overrides the connection's region (templated).
+    :param aws_conn_id: and ``region_name``, ``verify``, ``botocore_config``: the AWS arguments
+        (templated but ``botocore_config``; :class:`~airflow_kinesis_spark.hooks.consumer.KinesisAwsBaseOperator`).
     :returns: (XCom) the batch summary, as :class:`KinesisToSparkOperator`'s.
     :raises ReportNotRecordedError: (retryable) no report recorded yet; the plan stays pending.
     :raises BatchLeaseHeldError: (retryable) the job's driver still holds the lease.
@@ -176,7 +176,7 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
     """
 
     template_fields: Sequence[str] = (
-        *OUTPUT_TEMPLATE_FIELDS, "stream_name", "consumer_name", "checkpoint_table", "output_path", "aws_conn_id", "region_name",
+        *OUTPUT_TEMPLATE_FIELDS, "stream_name", "consumer_name", "checkpoint_table", "output_path", *AWS_TEMPLATE_FIELDS,
     )  # fmt: skip
     ui_color = "#f4a460"
 
@@ -184,7 +184,7 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
         self, *, stream_name: str, consumer_name: str, checkpoint_table: str, plan_task_id: str,
         output_path: str | None = None, output_asset: bool = True,
         deferrable: bool | None = None, poke_interval: float = 10.0,
-        job_start_timeout: float = 600.0, aws_conn_id: str | None = "aws_default", region_name: str | None = None,
+        job_start_timeout: float = 600.0,
         output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
         max_records_per_file: int = 0, storage_options: dict[str, str] | None = None, target_file_size: int = 0,
@@ -209,8 +209,6 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
         self.deferrable = deferrable
         self.poke_interval = poke_interval
         self.job_start_timeout = job_start_timeout
-        self.aws_conn_id = aws_conn_id
-        self.region_name = region_name
         if output_asset and output_path and (uri := output_uri(output_path)) and not any(getattr(o, "uri", None) == uri for o in self.outlets):
             self.outlets = [*self.outlets, asset_for_output(output_path)]
 
@@ -245,7 +243,7 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
                         stream_name=self.stream_name, consumer_name=self.consumer_name, checkpoint_table=self.checkpoint_table,
                         batch_id=batch_id, lease_owner=owner, lease_seconds=lease, handed_at=handed_at,
                         job_start_timeout=self.job_start_timeout, poke_interval=self.poke_interval,
-                        aws_conn_id=self.aws_conn_id, region_name=self.region_name,
+                        **self.aws_trigger_kwargs,
                     ),
                     method_name="execute_complete",
                 )  # fmt: skip
@@ -276,6 +274,19 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOp
         return summary
 
 
+class _DefaultArg:
+    """The type of :data:`DEFAULT_ARG`."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT_ARG"
+
+
+#: An argument of :func:`kinesis_batch_task_group` that was not given: its tasks take it from the
+#: DAG's ``default_args``, else from their own default (passing the default explicitly would
+#: hide ``default_args``).
+DEFAULT_ARG: Any = _DefaultArg()
+
+
 def kinesis_batch_task_group(
     group_id: str,
     *,
@@ -286,8 +297,10 @@ def kinesis_batch_task_group(
     output_path: str,
     deferrable: bool | None = None,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
-    aws_conn_id: str | None = "aws_default",
-    region_name: str | None = None,
+    aws_conn_id: Any = DEFAULT_ARG,
+    region_name: Any = DEFAULT_ARG,
+    verify: Any = DEFAULT_ARG,
+    botocore_config: Any = DEFAULT_ARG,
     commit_kwargs: dict[str, Any] | None = None,
     output_format: str = "parquet",
     table: str | None = None,
@@ -320,6 +333,10 @@ def kinesis_batch_task_group(
         (default): Airflow's ``[operators] default_deferrable``, read when the task runs.
     :param lease_seconds: the batch's lease, renewed by the job's driver; keep it below the job
         task's ``retry_delay`` so a retry finds an expired lease.
+    :param aws_conn_id: and ``region_name``, ``verify``, ``botocore_config``: the AWS arguments of
+        the plan and the commit task
+        (:class:`~airflow_kinesis_spark.hooks.consumer.KinesisAwsBaseOperator`); not given
+        (:data:`DEFAULT_ARG`): the DAG's ``default_args``, else the operators' defaults.
     :param commit_kwargs: extra arguments of :class:`KinesisCommitBatchOperator` (``poke_interval``,
         ``job_start_timeout``, ``retries``, ...).
     :param output_format: and ``table``, ``catalog_conn_id``, ``catalog_properties``,
@@ -339,18 +356,20 @@ def kinesis_batch_task_group(
               "schema_evolution": schema_evolution, "record_format": record_format, "record_schema": record_schema,
               "record_message": record_message, "schema_registry": schema_registry, "keep_raw_data": keep_raw_data,
               "max_dead_letter_fraction": max_dead_letter_fraction}  # fmt: skip
+    # Only the AWS arguments given here: the others come from the DAG's default_args, as for any operator.
+    aws = {name: value for name, value in (("aws_conn_id", aws_conn_id), ("region_name", region_name), ("verify", verify),
+                                           ("botocore_config", botocore_config)) if value is not DEFAULT_ARG}  # fmt: skip
     with TaskGroup(group_id) as group:
         plan = KinesisPlanBatchOperator(
             task_id="plan", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,
-            output_path=output_path, lease_seconds=lease_seconds, aws_conn_id=aws_conn_id, region_name=region_name,
-            **output, **plan_kwargs,
+            output_path=output_path, lease_seconds=lease_seconds, **aws, **output, **plan_kwargs,
         )  # fmt: skip
         job_task = job(plan.output[JOB_ARGUMENTS_KEY])
         plan.job_task_ids = [job_task.task_id]
         commit = KinesisCommitBatchOperator(
             task_id="commit", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,
-            plan_task_id=plan.task_id, output_path=output_path, deferrable=deferrable, aws_conn_id=aws_conn_id,
-            region_name=region_name, trigger_rule="none_failed", **output, **(commit_kwargs or {}),
+            plan_task_id=plan.task_id, output_path=output_path, deferrable=deferrable, trigger_rule="none_failed", **aws,
+            **output, **(commit_kwargs or {}),
         )  # fmt: skip
         plan >> job_task >> commit
     return group

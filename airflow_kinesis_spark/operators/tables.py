@@ -6,16 +6,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 
 from airflow_kinesis_spark.core.positions import parse_timestamp
-from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 
 __all__ = ["KinesisTableCompactionOperator"]
 
 
-class KinesisTableCompactionOperator(OutputSettingsMixin, ConsumerHooksMixin, BaseOperator):
+class KinesisTableCompactionOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
     """Compact the small files the micro-batches wrote for rows that arrived in ``[start, end)``.
 
     - ``iceberg``: one overwrite snapshot rewrites those rows (pyiceberg, copy-on-write) into files
@@ -42,14 +42,14 @@ class KinesisTableCompactionOperator(OutputSettingsMixin, ConsumerHooksMixin, Ba
     :raises TableCommitError: the table does not exist.
     """
 
-    template_fields: Sequence[str] = (*OUTPUT_TEMPLATE_FIELDS, "output_path", "start", "end", "aws_conn_id", "region_name")
+    template_fields: Sequence[str] = (*OUTPUT_TEMPLATE_FIELDS, "output_path", "start", "end", *AWS_TEMPLATE_FIELDS)
     ui_color = "#f4a460"
 
     def __init__(
         self, *, output_format: str, output_path: str, table: str | None = None, catalog_conn_id: str | None = None,
         catalog_properties: dict[str, str] | None = None, storage_options: dict[str, str] | None = None,
         start: str | datetime | None = None, end: str | datetime | None = None, target_file_size: int = 0,
-        aws_conn_id: str | None = "aws_default", region_name: str | None = None, **kwargs: Any,
+        **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self._init_output(output_format=output_format, table=table, catalog_conn_id=catalog_conn_id,
@@ -58,8 +58,6 @@ class KinesisTableCompactionOperator(OutputSettingsMixin, ConsumerHooksMixin, Ba
         self.output_path = output_path
         self.start = start
         self.end = end
-        self.aws_conn_id = aws_conn_id
-        self.region_name = region_name
 
     def execute(self, context: Context) -> dict[str, Any]:
         if self.output_format == "parquet":

@@ -21,7 +21,7 @@ from airflow_kinesis_spark.core.names import validate_stream_name
 from airflow_kinesis_spark.core.stream_summary import RETENTION_MAX_AGE_S, STATUS_MAX_AGE_S
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.settings import deferral_requested
-from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
+from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
 from airflow_kinesis_spark.triggers.kinesis import (
     KinesisReshardingTrigger,
     KinesisRetentionTrigger,
@@ -31,7 +31,7 @@ from airflow_kinesis_spark.triggers.kinesis import (
 __all__ = ["KinesisShardLagSensor", "KinesisReshardingSensor", "KinesisRetentionGuardSensor"]
 
 
-class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
+class _ConsumerSensor(BaseSensorOperator, KinesisAwsBaseOperator):
     """Common part: one consumer of one stream, its checkpoint table, the AWS connection.
 
     In deferrable mode the sensor checks once (unless ``poke_before_deferring`` is false), then
@@ -39,7 +39,7 @@ class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
     until done or ``timeout``. A failed trigger fails the task (skips it with ``soft_fail``).
     """
 
-    template_fields: Sequence[str] = ("stream_name", "consumer_name", "checkpoint_table", "aws_conn_id", "region_name")
+    template_fields: Sequence[str] = ("stream_name", "consumer_name", "checkpoint_table", *AWS_TEMPLATE_FIELDS)
 
     def __init__(
         self,
@@ -47,8 +47,6 @@ class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
         stream_name: str,
         consumer_name: str,
         checkpoint_table: str,
-        aws_conn_id: str | None = "aws_default",
-        region_name: str | None = None,
         deferrable: bool | None = None,
         **kwargs: Any,
     ) -> None:
@@ -56,8 +54,6 @@ class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
         self.stream_name = stream_name
         self.consumer_name = consumer_name
         self.checkpoint_table = checkpoint_table
-        self.aws_conn_id = aws_conn_id
-        self.region_name = region_name
         self.deferrable = deferrable
 
     def store(self) -> DynamoDBCheckpointStore:
@@ -71,8 +67,7 @@ class _ConsumerSensor(ConsumerHooksMixin, BaseSensorOperator):
             "consumer_name": self.consumer_name,
             "checkpoint_table": self.checkpoint_table,
             "poke_interval": float(self.poke_interval),
-            "aws_conn_id": self.aws_conn_id,
-            "region_name": self.region_name,
+            **self.aws_trigger_kwargs,
         }
 
     def trigger(self) -> Any:

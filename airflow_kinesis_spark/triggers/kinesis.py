@@ -66,6 +66,8 @@ class _ConsumerTrigger(BaseTrigger):
     :param poke_interval: seconds between polls.
     :param aws_conn_id: the ``aws`` connection.
     :param region_name: overrides the connection's region.
+    :param verify: TLS certificate verification of the trigger's AWS clients (boto3's ``verify``).
+    :param botocore_config: a ``botocore.config.Config`` as a dict, for the trigger's AWS clients.
     """
 
     def __init__(
@@ -77,6 +79,8 @@ class _ConsumerTrigger(BaseTrigger):
         poke_interval: float = 60.0,
         aws_conn_id: str | None = "aws_default",
         region_name: str | None = None,
+        verify: bool | str | None = None,
+        botocore_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.stream_name = stream_name
@@ -85,6 +89,8 @@ class _ConsumerTrigger(BaseTrigger):
         self.poke_interval = poke_interval
         self.aws_conn_id = aws_conn_id
         self.region_name = region_name
+        self.verify = verify
+        self.botocore_config = botocore_config
 
     def own_arguments(self) -> dict[str, Any]:
         """The subclass's own keyword arguments by name, as :meth:`serialize` writes them."""
@@ -100,6 +106,8 @@ class _ConsumerTrigger(BaseTrigger):
                 "poke_interval": self.poke_interval,
                 "aws_conn_id": self.aws_conn_id,
                 "region_name": self.region_name,
+                "verify": self.verify,
+                "botocore_config": self.botocore_config,
                 **self.own_arguments(),
             },
         )
@@ -114,12 +122,14 @@ class _ConsumerTrigger(BaseTrigger):
     async def _clients(self) -> AsyncIterator[tuple[Any, Any]]:
         """Async (aiobotocore) Kinesis and DynamoDB clients of the trigger's connection, for its whole
         run; no Kinesis client (``None``) for a trigger that only reads the store (:attr:`reads_kinesis`)."""
-        dynamodb_hook = DynamoDBCheckpointHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        aws = {"aws_conn_id": self.aws_conn_id, "region_name": self.region_name, "verify": self.verify,
+               "config": self.botocore_config}  # fmt: skip
+        dynamodb_hook = DynamoDBCheckpointHook(**aws)
         if not self.reads_kinesis:
             async with await dynamodb_hook.get_async_conn() as dynamodb:
                 yield None, dynamodb
             return
-        kinesis_hook = KinesisStreamHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        kinesis_hook = KinesisStreamHook(**aws)
         async with await kinesis_hook.get_async_conn() as kinesis, await dynamodb_hook.get_async_conn() as dynamodb:
             # After get_async_conn: the connection is read (in a thread) and cached on the hook by then.
             self._summary_budget = kinesis_hook.summary_budget

@@ -360,7 +360,7 @@ def test_the_discard_operator_templates_its_names_and_output_path():
     from airflow_kinesis_spark.operators.checkpoints import KinesisDiscardPendingBatchOperator
 
     assert set(KinesisDiscardPendingBatchOperator.template_fields) == {
-        "stream_name", "consumer_name", "checkpoint_table", "output_path", "aws_conn_id", "region_name",
+        "stream_name", "consumer_name", "checkpoint_table", "output_path", "aws_conn_id", "region_name", "verify",
     }  # fmt: skip
     assert "output_path" in KinesisCheckpointRewindOperator.template_fields
 

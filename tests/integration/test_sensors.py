@@ -204,14 +204,14 @@ def test_a_trigger_serialized_by_the_previous_version_still_deserializes():
            "initial_position": "LATEST"}  # fmt: skip
     trigger = KinesisShardLagTrigger(**old)
     assert trigger.initial_position == "LATEST" and trigger.min_age_seconds is None
-    assert trigger.serialize()[1] == old
+    assert trigger.serialize()[1] == {**old, "verify": None, "botocore_config": None}  # the AWS arguments added since
 
 
 def test_sensors_hand_their_settings_to_their_triggers_by_name():
     lag = KinesisShardLagSensor(**sensor_args("s", min_age_seconds=90, initial_position="LATEST", poke_interval=7)).trigger()
     assert lag.serialize()[1] == {"stream_name": "s", "consumer_name": "c", "checkpoint_table": "s_t", "poke_interval": 7.0,
-                                  "aws_conn_id": "aws_default", "region_name": None, "min_age_seconds": 90,
-                                  "initial_position": "LATEST"}  # fmt: skip
+                                  "aws_conn_id": "aws_default", "region_name": None, "verify": None, "botocore_config": None,
+                                  "min_age_seconds": 90, "initial_position": "LATEST"}  # fmt: skip
     guard = KinesisRetentionGuardSensor(**sensor_args("s", margin=timedelta(minutes=30), initial_position="LATEST")).trigger()
     assert guard.margin_seconds == 1800.0 and guard.initial_position == "LATEST"
     assert KinesisReshardingSensor(**sensor_args("s", region_name="eu-west-1")).trigger().region_name == "eu-west-1"
