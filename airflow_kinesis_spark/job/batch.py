@@ -32,6 +32,7 @@ from airflow_kinesis_spark.job.read import read_batch
 from airflow_kinesis_spark.job.reports import (
     _is_spark_connect,
     _observed,
+    ObservedMetricsLostError,
     _observed_reports,
     _range_key,
     _same_read,
@@ -110,7 +111,9 @@ def run(
     :param options: the readers' settings, as :func:`~airflow_kinesis_spark.job.cli.reader_options` builds them; with
         ``records_expected`` the batch is read and written in one pass (:func:`run_one_pass`),
         except over a Spark Connect client older than 4.0 (see :func:`observation_supported`),
-        where it is read through the cache and must still hold a user record.
+        where it is read through the cache and must still hold a user record. Over Spark Connect,
+        a one-pass write whose observed metrics the server dropped (SPARK-54279) is read again
+        through the cache, in the same call.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -124,8 +127,16 @@ def run(
     spark.conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
     one_pass = bool(options.get("records_expected"))
     if one_pass and observation_supported(spark):
-        return run_one_pass(spark, plan, transform, aws_env, options, location)
-    if one_pass:
+        try:
+            return run_one_pass(spark, plan, transform, aws_env, options, location)
+        except ObservedMetricsLostError as err:
+            if not _is_spark_connect(spark):
+                raise
+            # The output is written but unreported; the cached read below collects the report rows
+            # itself and overwrites the output with the same ranges' rows.
+            log.warning("batch %s: %s. Reading the batch again through a cache (its output is overwritten)",
+                        plan["batch_id"], err)  # fmt: skip
+    elif one_pass:
         log.info("batch %s: this Spark Connect client (pyspark < 4) cannot read observed metrics: "
                  "reading through a cache instead of in one pass", plan["batch_id"])  # fmt: skip
     started = time.monotonic()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["READ_FIELDS", "collect_reports", "observation_supported"]
+__all__ = ["READ_FIELDS", "ObservedMetricsLostError", "collect_reports", "observation_supported"]
 
 
 #: What two reads of one range must agree on (timings and call counts may differ).
@@ -92,11 +92,17 @@ def _observed(df: Any, name: str) -> tuple[Any, Any]:
     return df.observe(observation, F.to_json(F.collect_list("_report")).alias("reports")), observation
 
 
+class ObservedMetricsLostError(RuntimeError):
+    """A write succeeded but its observed metrics (the batch's report rows) did not come back: seen
+    over Spark Connect on a busy server (SPARK-54279). The output is complete but unreported."""
+
+
 def _observed_reports(observation: Any, data: Any, name: str) -> list[str]:
     """The report rows an action on ``data`` observed.
 
-    :raises RuntimeError: the metric's plan node was optimized away (classic), or the action's
-        metrics did not come back; :raises TypeError: the metric is not one JSON string.
+    :raises RuntimeError: the metric's plan node was optimized away (classic).
+    :raises ObservedMetricsLostError: the action's metrics did not come back.
+    :raises TypeError: the metric is not one JSON string.
     """
     jdf = getattr(data, "_jdf", None)
     if jdf is not None and f"CollectMetrics {name}" not in jdf.queryExecution().optimizedPlan().toString():
@@ -107,10 +113,10 @@ def _observed_reports(observation: Any, data: Any, name: str) -> list[str]:
         # Seen over Spark Connect on a loaded machine: a write that succeeded, no metrics back. Spark
         # Connect servers up to 4.1 send a query's observed metrics only if they arrive within 100 ms
         # of its end (Observation.getRowOrEmpty; SPARK-54279 removes that wait).
-        raise RuntimeError(f"observed metric {name}: the report rows of the batch's ranges did not reach the driver "
-                           f"(metrics received: {', '.join(sorted(metrics)) or 'none'}); nothing is committed. Over Spark "
-                           "Connect a busy server can drop a query's observed metrics (SPARK-54279): the task's retry "
-                           "runs the same plan again")
+        raise ObservedMetricsLostError(
+            f"observed metric {name}: the report rows of the batch's ranges did not reach the driver (metrics received: "
+            f"{', '.join(sorted(metrics)) or 'none'}); nothing is committed. Over Spark Connect a busy server can drop a "
+            "query's observed metrics (SPARK-54279): the task's retry runs the same plan again")  # fmt: skip
     value = metrics["reports"]
     if not isinstance(value, str):
         raise TypeError(f"observed metric {name}: expected the report rows as one JSON string, got {type(value).__name__}")

@@ -88,6 +88,42 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_REMOTE" not in os.environ
 
 
+def test_a_batch_whose_observed_metrics_the_server_dropped_is_read_again_in_the_same_task(
+    connections, kinesis, dynamodb, unique_name, tmp_path, capfd, caplog, monkeypatch
+):
+    """SPARK-54279: a busy Spark Connect server drops a query's observed metrics (seen in make
+    test's runs on a loaded machine: the task failed and only its retry committed). The first
+    one-pass read here loses them as the server would; the job reads the batch again through the
+    cache, in the same task, and the batch commits exactly once."""
+    from airflow_kinesis_spark.job import batch as job_batch
+    from airflow_kinesis_spark.job.reports import ObservedMetricsLostError
+
+    real = job_batch._observed_reports
+    dropped: list[str] = []
+
+    def drops_the_first(observation, data, name):
+        reports = real(observation, data, name)  # the write ran and its metrics came back...
+        if not dropped:
+            dropped.append(name)  # ...and are dropped, as a busy server drops them
+            raise ObservedMetricsLostError(f"observed metric {name}: dropped by the test")
+        return reports
+
+    monkeypatch.setattr(job_batch, "_observed_reports", drops_the_first)
+    create_stream(kinesis, unique_name, 2)
+    produced = put_plain(kinesis, unique_name, [(f"k{i}", f"line {i}".encode()) for i in range(60)])
+    output = tmp_path / "out"
+    summary = KinesisToSparkOperator(
+        task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
+        output_path=str(output), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+    ).execute({})  # fmt: skip
+    assert dropped and summary["status"] == "committed" and summary["records"] == 60
+    t = pq.read_table(output / "batch_id=1", columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
+    assert verify(produced, list(zip(*t.to_pydict().values(), strict=True))).ok  # no row twice after the second write
+    captured = capfd.readouterr()
+    logs = caplog.text + captured.out + captured.err
+    assert "Reading the batch again through a cache (its output is overwritten)" in logs
+
+
 def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections, kinesis, unique_name, tmp_path, caplog, capfd):
     """With ``spark_connect_reuse_session=True`` (opt-in) warm batches re-use one server session
     per consumer, whose conf holds no credential and nothing that names the provider; a session
