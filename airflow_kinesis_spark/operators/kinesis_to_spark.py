@@ -42,7 +42,7 @@ from airflow_kinesis_spark.hooks.spark_package import spark_script_path
 from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, validate_job_credentials
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
 
-__all__ = ["KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
+__all__ = ["INCREMENTAL_ONLY", "KinesisToSparkOperator", "KinesisWindowToSparkOperator", "spark_script_path"]
 
 
 def _declared_transforms(task: BaseOperator) -> list[Any] | None:
@@ -568,6 +568,12 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         return re.sub(r"[#\s]", "_", f"{base}.{uuid.uuid4().hex[:8]}")
 
 
+#: Arguments of :class:`KinesisToSparkOperator` that :class:`KinesisWindowToSparkOperator` refuses:
+#: where an incremental batch starts and stops, its lease and hand-over, its batch log.
+INCREMENTAL_ONLY = ("cutoff", "initial_position", "initial_timestamp", "max_records_per_shard", "max_bytes_per_shard",
+                    "lease_seconds", "keep_batches", "deferrable", "poke_interval", "job_start_timeout")  # fmt: skip
+
+
 class KinesisWindowToSparkOperator(KinesisToSparkOperator):
     """Read a past time window ``[window_start, window_end)`` of a stream into Parquet (backfill).
 
@@ -611,9 +617,9 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         ``allow_data_loss``).
     :raises ValueError: ``window_start >= window_end``, an end in the future, or other bad arguments.
 
-    Other parameters are those of :class:`KinesisToSparkOperator`; its checkpoint-related ones
-    (``initial_position``, ``initial_timestamp``, ``cutoff``, the caps, ``lease_seconds``) are
-    checked but have no effect here.
+    Other parameters are those of :class:`KinesisToSparkOperator` but its incremental ones
+    (:data:`INCREMENTAL_ONLY`: where a batch starts and stops, its lease and hand-over, the batch
+    log), which a window does not use and refuses (``TypeError``).
     """
 
     template_fields: Sequence[str] = (*KinesisToSparkOperator.template_fields, "window_start", "window_end")
@@ -633,6 +639,11 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         checkpoint_table: str | None = None,
         **kwargs: Any,
     ) -> None:
+        given = sorted(set(kwargs) & set(INCREMENTAL_ONLY))
+        if given:
+            raise TypeError(f"KinesisWindowToSparkOperator does not take {', '.join(given)}: a window reads "
+                            "[window_start, window_end) by arrival time in the worker's run, with no checkpoint, lease "
+                            "or batch log; use KinesisToSparkOperator for incremental batches")  # fmt: skip
         super().__init__(stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table or "",
                          output_path=output_path, **kwargs)  # fmt: skip
         self.window_start = window_start
@@ -640,16 +651,6 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         self.time_slices = time_slices
         self.slice_length = slice_length
         self.parallelism = parallelism
-
-    def validate(self) -> None:
-        """As :meth:`KinesisToSparkOperator.validate`; a window is never deferred.
-
-        :raises ValueError: ``deferrable=True`` (a window run waits for its job in the worker).
-        """
-        if self.deferrable:
-            raise ValueError("KinesisWindowToSparkOperator does not defer (deferrable=True): a window run waits for its "
-                             "job in the worker; set deferrable=False")  # fmt: skip
-        super().validate()
 
     def _window(self) -> tuple[datetime, datetime]:
         bounds = []
@@ -681,6 +682,8 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         )  # fmt: skip
         if not self.checkpoint_table:
             return run_window(self.kinesis_hook.conn, self.spark_job, settings)
-        store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name)
+        store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name,
+                                               point_in_time_recovery=self.point_in_time_recovery,
+                                               deletion_protection=self.deletion_protection)  # fmt: skip
         store.ensure_table()
         return run_window(self.kinesis_hook.conn, self.spark_job, settings, store=store, owner=self._owner(context))
