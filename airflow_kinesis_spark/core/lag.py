@@ -34,6 +34,7 @@ from airflow_kinesis_spark.core.probes import probe_ranges
 from airflow_kinesis_spark.core.read_options import GET_RECORDS_MAX_LIMIT, MIN_CALL_INTERVAL_S
 from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage, describe_stream_summary, list_shards
+from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 
 __all__ = [
     "ShardLag",
@@ -237,7 +238,8 @@ def known_until(checkpoint: Checkpoint) -> datetime | None:
 
 
 def find_trim_gaps(
-    client: Any, stream_name: str, ranges: Iterable[ShardRange], now: datetime, *, min_call_interval: float = MIN_CALL_INTERVAL_S
+    client: Any, stream_name: str, ranges: Iterable[ShardRange], now: datetime, *, min_call_interval: float = MIN_CALL_INTERVAL_S,
+    budget: SummaryBudget | None = None,
 ) -> dict[str, str]:
     """Shards whose range starts after a checkpoint that may have fallen behind the trim horizon.
 
@@ -249,6 +251,9 @@ def find_trim_gaps(
     most as many threads as the client pools connections).
 
     :param client: boto3 Kinesis client.
+    :param budget: the host's ``DescribeStreamSummary`` budget (``core.stream_summary``): the
+        call waits for its slot of the host's pacer (never answered from the cache: the retention
+        period decides what counts as lost); ``None``: unpaced.
     :returns: shard id -> what was found (checkpoint, oldest record kept, retention, trim horizon),
         for messages; empty when no records can have aged out unread.
     """
@@ -260,7 +265,7 @@ def find_trim_gaps(
     ]  # fmt: skip
     if not doubtful:
         return {}
-    retention = float(describe_stream_summary(client, stream_name)["RetentionPeriodHours"])
+    retention = float(describe_stream_summary(client, stream_name, budget=budget)["RetentionPeriodHours"])
     horizon = now - timedelta(hours=retention)
     from_horizon = [
         ShardRange(rng.shard_id, StartPosition("TRIM_HORIZON"), Checkpoint(Sentinel.TRIM_HORIZON), now, rng.ending_sequence_number)

@@ -50,6 +50,7 @@ from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossEr
 
 from airflow_kinesis_spark.core.locations import _is_table, batch_output_location, planned_output_location, window_output_location
 from airflow_kinesis_spark.core.pending import _output_spec, _task_settings, check_pending_against_stream, check_pending_plan
+from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcome, window_run_summary
 from airflow_kinesis_spark.core.window_position import check_window_position
 
@@ -95,6 +96,10 @@ class IncrementalSettings:
         write, or ``None``: recorded in the plan (``task_settings``), so that a pending plan is
         re-used only by a task with the same transform
         (:func:`~airflow_kinesis_spark.core.pending.check_pending_plan`).
+    :param summary_budget: the host's ``DescribeStreamSummary`` budget
+        (:class:`~airflow_kinesis_spark.core.stream_summary.SummaryBudget`; the operators pass
+        ``KinesisStreamHook.summary_budget``): the batch's own call (the trim-gap check's
+        retention period) waits for its slot of the host's pacer; ``None``: unpaced.
     """
 
     stream_name: str
@@ -111,6 +116,7 @@ class IncrementalSettings:
     sink: Sink | None = None
     consumer_type: str = "polling"
     transform: str | None = None
+    summary_budget: SummaryBudget | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,7 @@ class WindowSettings:
         folder under the window's (``run=...``), so a re-run never deletes files the table's
         current snapshot holds.
     :param consumer_type: as :class:`IncrementalSettings`'.
+    :param summary_budget: as :class:`IncrementalSettings`' (the window's retention check).
     """
 
     stream_name: str
@@ -142,6 +149,7 @@ class WindowSettings:
     min_call_interval: float = MIN_CALL_INTERVAL_S
     sink: Sink | None = None
     consumer_type: str = "polling"
+    summary_budget: SummaryBudget | None = None
 
 
 def _check_consumer_type(consumer_type: str) -> None:
@@ -416,7 +424,8 @@ def plan_batch(
     _check_consumer_type(settings.consumer_type)
     plan = replace(plan, checkpoint_table=store.table_name, task_settings=_task_settings(settings))
     plan = replace(plan, output_location=planned_output_location(settings.output_root, plan, settings.sink))
-    gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
+    gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval,
+                          budget=settings.summary_budget)  # fmt: skip
     if gaps:
         detail = _gap_detail(gaps)
         if not settings.allow_data_loss:
@@ -449,7 +458,8 @@ def _pending_plan_gaps(kinesis: Any, store: DynamoDBCheckpointStore, plan: Batch
     :returns: whether the pending batch was discarded.
     :raises DataLossError: a gap without ``allow_data_loss``; nothing read or written.
     """
-    gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval)
+    gaps = find_trim_gaps(kinesis, plan.stream_name, plan.ranges, now, min_call_interval=settings.min_call_interval,
+                          budget=settings.summary_budget)  # fmt: skip
     if not gaps:
         return False
     detail = _gap_detail(gaps)
@@ -636,7 +646,7 @@ def run_window(
     if not (isinstance(job, BatchJob) or (store is not None and hands_off(job))):
         raise ValueError(f"{type(job).__name__} takes its batch from a checkpoint store, and this window has none: "
                          "give the window a checkpoint_table, or run it with a job that takes its plan directly")  # fmt: skip
-    summary = describe_stream_summary(kinesis, settings.stream_name)
+    summary = describe_stream_summary(kinesis, settings.stream_name, budget=settings.summary_budget)
     horizon = now - timedelta(hours=float(summary["RetentionPeriodHours"]))
     gap = validate_window(start, end, now=now, trim_horizon=horizon, allow_data_loss=settings.allow_data_loss)
     if gap:

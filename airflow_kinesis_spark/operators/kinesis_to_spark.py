@@ -519,6 +519,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
             sink=self.sink,
             consumer_type=self.consumer_type,
             transform=self.transform or None,
+            summary_budget=self.kinesis_hook.summary_budget,
         )
 
     @cached_property
@@ -678,7 +679,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
             stream_name=self.stream_name, consumer_name=self.consumer_name, output_root=self.output_root,
             start=start, end=end, time_slices=self.time_slices, slice_length=self.slice_length, parallelism=parallelism,
             allow_data_loss=self.allow_data_loss, min_call_interval=self.min_call_interval, sink=self.sink,
-            consumer_type=self.consumer_type,
+            consumer_type=self.consumer_type, summary_budget=self.kinesis_hook.summary_budget,
         )  # fmt: skip
         if not self.checkpoint_table:
             return run_window(self.kinesis_hook.conn, self.spark_job, settings)

@@ -164,3 +164,25 @@ def test_limit_exceeded_is_retried_by_botocore_sync_and_async(aws_conn, kinesali
 
         assert [a["StreamName"] for a in asyncio.run(both())] == [unique_name] * 2
         assert proxy.stats["DescribeStreamSummary.throttled"] >= 1, proxy.stats
+
+
+def test_an_operators_own_describe_stream_summary_goes_through_the_hosts_budget(
+    aws_conn, kinesis, unique_name, tmp_path, monkeypatch
+):
+    """A window's retention check (and an incremental batch's trim-gap check) is paced by the
+    host's budget and leaves its answer in the host's cache; it called the service directly."""
+    from datetime import datetime, timezone
+
+    from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
+    from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisWindowToSparkOperator
+
+    monkeypatch.setenv("AIRFLOW__KINESIS_SPARK__SHARED_STATE_DIR", str(tmp_path / "state"))
+    create_stream(kinesis, unique_name, 1)
+    end = datetime.now(timezone.utc) - timedelta(seconds=1)
+    window = KinesisWindowToSparkOperator(task_id="w", stream_name=unique_name, output_path=str(tmp_path / "out"),
+                                          window_start=(end - timedelta(minutes=1)).isoformat(), window_end=end.isoformat(),
+                                          min_call_interval=0.0)  # fmt: skip
+    assert window.execute({})["status"] == "no_records"  # an empty window: the probes, no Spark job
+    hook = KinesisStreamHook(aws_conn_id="aws_default")
+    cached = hook.summary_budget.cached(hook.conn, unique_name, 60.0)
+    assert cached is not None and cached["RetentionPeriodHours"] == 24
