@@ -26,6 +26,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "Amazon Kinesis Data Streams to Spark",
                 "python-modules": [
                     "airflow_kinesis_spark.operators.kinesis_to_spark",
+                    "airflow_kinesis_spark.operators.window",
                     "airflow_kinesis_spark.operators.checkpoints",
                 ],
             }

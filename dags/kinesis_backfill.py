@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import dag
 from airflow.sdk.definitions.timetables.interval import DeltaDataIntervalTimetable
 
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 
 WINDOW = timedelta(seconds=int(os.environ.get("KINESIS_WINDOW_SECONDS", "900")))
 # A data-interval timetable: in Airflow 3 a plain ``schedule=timedelta(...)`` gives runs whose

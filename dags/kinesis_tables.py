@@ -30,7 +30,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import dag
 
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 
 STREAM = os.environ.get("KINESIS_STREAM", "apache-access-log")
 CHECKPOINTS = os.environ.get("KINESIS_CHECKPOINT_TABLE", "kinesis_spark_checkpoints")

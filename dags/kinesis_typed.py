@@ -74,7 +74,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import dag
 
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 
 ORDERS_JSON = os.environ.get("KINESIS_ORDERS_JSON_STREAM", "orders-json")
 ORDERS_AVRO = os.environ.get("KINESIS_ORDERS_AVRO_STREAM", "orders-avro")

@@ -19,7 +19,8 @@ from airflow_kinesis_spark.lineage import (
     output_uri,
     stream_dataset_name,
 )
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from demo.producer import put_plain
 from demo.stack import airflow, airflow_env
 from tests.conftest import REGION, create_stream

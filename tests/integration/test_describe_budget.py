@@ -174,7 +174,7 @@ def test_an_operators_own_describe_stream_summary_goes_through_the_hosts_budget(
     from datetime import datetime, timezone
 
     from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
-    from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisWindowToSparkOperator
+    from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 
     monkeypatch.setenv("AIRFLOW__KINESIS_SPARK__SHARED_STATE_DIR", str(tmp_path / "state"))
     create_stream(kinesis, unique_name, 1)

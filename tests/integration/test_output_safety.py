@@ -23,7 +23,8 @@ from deltalake import DeltaTable
 
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from airflow_kinesis_spark.sinks.iceberg import IcebergSink
 from airflow_kinesis_spark.sinks.parquet import committed_files
 from demo.producer import KEY_COLUMNS, put_plain, verify

@@ -21,7 +21,8 @@ import pytest
 from deltalake import DeltaTable
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from airflow_kinesis_spark.sinks.iceberg import IcebergSink
 from demo.producer import put_plain
 from demo.typed_producer import (

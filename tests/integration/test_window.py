@@ -96,7 +96,7 @@ def test_bad_windows_fail_clearly_and_write_nothing(aws_conn, kinesis, unique_na
     from airflow.sdk.exceptions import AirflowFailException
 
     from airflow_kinesis_spark.core.positions import format_timestamp
-    from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisWindowToSparkOperator
+    from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"x")])

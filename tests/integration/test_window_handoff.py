@@ -12,7 +12,7 @@ import pytest
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.core.window import window_label
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from demo.producer import KEY_COLUMNS, put_plain, verify
 from tests.conftest import create_stream
 from tests.integration.test_operator import spark_calls  # noqa: F401 - fixture

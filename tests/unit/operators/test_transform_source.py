@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from airflow_kinesis_spark.operators.split import KinesisPlanBatchOperator
 from airflow_kinesis_spark.settings import transform_allowed_modules
 

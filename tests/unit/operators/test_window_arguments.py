@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 from airflow.sdk import DAG
 
-from airflow_kinesis_spark.operators.kinesis_to_spark import INCREMENTAL_ONLY, KinesisWindowToSparkOperator
+from airflow_kinesis_spark.operators.window import INCREMENTAL_ONLY, KinesisWindowToSparkOperator
 
 VALUES = {"cutoff": "2026-01-01T00:00:00Z", "initial_position": "LATEST", "initial_timestamp": "2026-01-01T00:00:00Z",
           "max_records_per_shard": 10, "max_bytes_per_shard": 1024, "lease_seconds": 30.0, "keep_batches": 5,
