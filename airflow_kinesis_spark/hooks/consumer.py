@@ -68,10 +68,10 @@ class KinesisAwsBaseOperator(ConsumerHooksMixin, BaseOperator):
     :param verify: TLS certificate verification of this task's AWS clients (templated), as
         boto3's ``verify``: ``None`` (default: verify, with botocore's CA bundle), ``False`` (do
         not verify), or the path of a CA bundle. A path also goes to the Spark job
-        (``AWS_CA_BUNDLE``); ``False`` does not (see docs/connections.md).
+        (``AWS_CA_BUNDLE``); ``False`` does not (docs/operators.md, Parameters).
     :param botocore_config: a ``botocore.config.Config`` as a dict (``{"retries": {"mode":
         "adaptive"}, "read_timeout": 30}``), for this task's and its triggers' AWS clients; the
-        Spark job's readers keep their own settings (docs/connections.md).
+        Spark job's readers keep their own settings (docs/operators.md, Parameters).
     """
 
     template_fields: Sequence[str] = AWS_TEMPLATE_FIELDS
