@@ -121,12 +121,13 @@ demo-tables: venv
 demo-typed: venv
 	$(PY) -m demo.run_typed
 
-# The suite runs on two more workers than the machine has cores (pytest-xdist, work stealing): many
-# tests wait (on emulators, leases that expire, windows of real time, killed processes); with one
-# worker per core a clean `make test` kept 2 cores only about 60 % busy (42 CPU-minutes in 35), with
-# one more about 72 % (51 CPU-minutes in 36, on a machine doing other work too).
+# The suite runs on one more worker than the machine has cores (pytest-xdist, work stealing): many
+# tests wait (on emulators, leases that expire, windows of real time, killed processes), and with
+# one worker per core a clean `make test` kept 2 cores only about 60 % busy (42 CPU-minutes in 35).
+# Two more were slower: on an idle 2-core machine the suite took 33:25 on 4 workers, against
+# 29:32 to 30:40 on 3 (the demo DAG tests' processes then compete for the cores).
 # Each worker starts its own emulators on free ports. TEST_WORKERS=1 runs it in one process.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 2 )))
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 XDIST := -n $(TEST_WORKERS) --dist worksteal
 
 # The tests start a few hundred short-lived Spark JVMs (spark-submit, PySpark's gateway, Connect
