@@ -20,10 +20,11 @@ AWS_TEMPLATE_FIELDS: tuple[str, ...] = ("aws_conn_id", "region_name", "verify")
 
 
 class ConsumerHooksMixin:
-    """``kinesis_hook`` and ``checkpoint_hook`` on the task's ``aws_conn_id``, ``region_name``,
-    ``verify`` and ``botocore_config``.
+    """``kinesis_hook`` and ``checkpoint_hook`` on the ``aws_conn_id``, ``region_name``,
+    ``verify`` and ``botocore_config`` of a task (operators and sensors, through
+    :class:`KinesisAwsBaseOperator`) or of a trigger (``triggers.kinesis``).
 
-    Built lazily, in ``execute``/``poke``. The first call of either hook checks within seconds that
+    Built lazily, in ``execute``/``poke``/``run``. The first call of either hook checks within seconds that
     its endpoint answers, and raises ``EndpointUnreachableError`` naming the connection, the
     service and the endpoint if it does not (see
     :class:`~airflow_kinesis_spark.hooks.kinesis.FailFastAwsHook`).

@@ -32,8 +32,7 @@ from airflow_kinesis_spark.core.lag import (
 )
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.core.stream_summary import RETENTION_MAX_AGE_S, STATUS_MAX_AGE_S, SummaryBudget
-from airflow_kinesis_spark.hooks.dynamodb import DynamoDBCheckpointHook
-from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
+from airflow_kinesis_spark.hooks.consumer import ConsumerHooksMixin
 
 __all__ = [
     "KinesisShardLagTrigger",
@@ -54,7 +53,7 @@ MIN_BACKLOG_POLL_INTERVAL_S = 5.0
 BACKLOG_HOLD_HEAD_INTERVAL_S = 1.0
 
 
-class _ConsumerTrigger(BaseTrigger):
+class _ConsumerTrigger(ConsumerHooksMixin, BaseTrigger):
     """Common arguments: which consumer of which stream, where its checkpoints are, how often.
 
     Every argument is an attribute of the same name and goes into :meth:`serialize` by that name
@@ -104,10 +103,7 @@ class _ConsumerTrigger(BaseTrigger):
                 "consumer_name": self.consumer_name,
                 "checkpoint_table": self.checkpoint_table,
                 "poke_interval": self.poke_interval,
-                "aws_conn_id": self.aws_conn_id,
-                "region_name": self.region_name,
-                "verify": self.verify,
-                "botocore_config": self.botocore_config,
+                **self.aws_trigger_kwargs,
                 **self.own_arguments(),
             },
         )
@@ -122,14 +118,12 @@ class _ConsumerTrigger(BaseTrigger):
     async def _clients(self) -> AsyncIterator[tuple[Any, Any]]:
         """Async (aiobotocore) Kinesis and DynamoDB clients of the trigger's connection, for its whole
         run; no Kinesis client (``None``) for a trigger that only reads the store (:attr:`reads_kinesis`)."""
-        aws = {"aws_conn_id": self.aws_conn_id, "region_name": self.region_name, "verify": self.verify,
-               "config": self.botocore_config}  # fmt: skip
-        dynamodb_hook = DynamoDBCheckpointHook(**aws)
+        dynamodb_hook = self.checkpoint_hook
         if not self.reads_kinesis:
             async with await dynamodb_hook.get_async_conn() as dynamodb:
                 yield None, dynamodb
             return
-        kinesis_hook = KinesisStreamHook(**aws)
+        kinesis_hook = self.kinesis_hook
         async with await kinesis_hook.get_async_conn() as kinesis, await dynamodb_hook.get_async_conn() as dynamodb:
             # After get_async_conn: the connection is read (in a thread) and cached on the hook by then.
             self._summary_budget = kinesis_hook.summary_budget
