@@ -6,7 +6,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
@@ -36,7 +36,19 @@ from airflow_kinesis_spark.hooks.spark_package import spark_script_path
 from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, validate_job_credentials
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
 
-__all__ = ["KinesisToSparkOperator", "spark_script_path"]
+__all__ = ["KinesisToSparkOperator", "refuse_arguments", "spark_script_path"]
+
+
+def refuse_arguments(task: str, kwargs: Mapping[str, Any], refused: Sequence[str], why: str) -> None:
+    """For a subclass of :class:`KinesisToSparkOperator` that does not use some of its arguments:
+    refuse them when the task is built (a DAG's ``default_args`` fill only the arguments a task
+    is given, so they never reach ``kwargs``).
+
+    :raises TypeError: ``kwargs`` names one of ``refused``: ``"<task> does not take <names>: <why>"``.
+    """
+    given = sorted(set(kwargs) & set(refused))
+    if given:
+        raise TypeError(f"{task} does not take {', '.join(given)}: {why}")
 
 
 def _declared_transforms(task: BaseOperator) -> list[Any] | None:

@@ -42,7 +42,7 @@ from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAws
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
 from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise, handed_event
 from airflow_kinesis_spark.settings import deferral_requested, transform_allowed_modules
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, refuse_arguments
 from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 
@@ -85,10 +85,8 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
     ui_color = "#fbd7a8"
 
     def __init__(self, *, job_task_ids: Sequence[str] | None = None, output_asset: bool = False, **kwargs: Any) -> None:
-        given = sorted(set(kwargs) & set(JOB_TASK_ONLY))
-        if given:
-            raise TypeError(f"KinesisPlanBatchOperator does not take {', '.join(given)}: they belong to the job task "
-                            "(the operator that runs kinesis_batch.py)")  # fmt: skip
+        refuse_arguments("KinesisPlanBatchOperator", kwargs, JOB_TASK_ONLY,
+                         "they belong to the job task (the operator that runs kinesis_batch.py)")
         super().__init__(output_asset=output_asset, **kwargs)
         self.job_task_ids = list(job_task_ids) if job_task_ids is not None else None
 

@@ -14,7 +14,7 @@ from airflow.sdk import Context
 
 from airflow_kinesis_spark.core.positions import parse_timestamp
 from airflow_kinesis_spark.core.protocol import WindowSettings, run_window
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, refuse_arguments
 
 __all__ = ["INCREMENTAL_ONLY", "KinesisWindowToSparkOperator"]
 
@@ -89,11 +89,9 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         checkpoint_table: str | None = None,
         **kwargs: Any,
     ) -> None:
-        given = sorted(set(kwargs) & set(INCREMENTAL_ONLY))
-        if given:
-            raise TypeError(f"KinesisWindowToSparkOperator does not take {', '.join(given)}: a window reads "
-                            "[window_start, window_end) by arrival time in the worker's run, with no checkpoint, lease "
-                            "or batch log; use KinesisToSparkOperator for incremental batches")  # fmt: skip
+        refuse_arguments("KinesisWindowToSparkOperator", kwargs, INCREMENTAL_ONLY,
+                         "a window reads [window_start, window_end) by arrival time in the worker's run, with no "
+                         "checkpoint, lease or batch log; use KinesisToSparkOperator for incremental batches")
         super().__init__(stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table or "",
                          output_path=output_path, **kwargs)  # fmt: skip
         self.window_start = window_start
