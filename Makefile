@@ -124,8 +124,9 @@ demo-typed: venv
 # The suite runs on one more worker than the machine has cores (pytest-xdist, work stealing): many
 # tests wait (on emulators, leases that expire, windows of real time, killed processes), and with
 # one worker per core a clean `make test` kept 2 cores only about 60 % busy (42 CPU-minutes in 35).
-# Two more were slower: on an idle 2-core machine the suite took 33:25 on 4 workers, against
-# 29:32 to 30:40 on 3 (the demo DAG tests' processes then compete for the cores).
+# Two more gained nothing: on an idle 2-core machine the suite took 33:25 on 4 workers and 33:59
+# on 3 (same tests); the cores were idle under 5 % of nearly every 10 s sample (up to 30 % in
+# the last minutes).
 # Each worker starts its own emulators on free ports. TEST_WORKERS=1 runs it in one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 XDIST := -n $(TEST_WORKERS) --dist worksteal
@@ -151,18 +152,10 @@ TEST_ENV := SPARK_SUBMIT_OPTS="$${SPARK_SUBMIT_OPTS-$(TEST_JVM_OPTS) -XX:SharedA
 # the suite's time budget), all 50 in `make test-reliability`. With enhanced fan-out
 # (consumer_type="efo"), `make test` runs one crash point (mid_read), the fault rates and the
 # reader's SubscribeToShard faults; `make test-reliability` every crash point and 20 random kills.
-#
-# `make typecheck` and `make test-spark35` run beside the suite, in the background (their output is
-# printed after the suite's): the suite leaves the cores idle at times (tests that wait), which they
-# fill; one after the other they added about 2 minutes. The recipe fails if any of the three fails.
 test: venv venv-spark35 kinesalite postgres $(SPARK_CDS)
-	@mkdir -p .cache
-	@{ $(MAKE) --no-print-directory typecheck && $(MAKE) --no-print-directory test-spark35; } > .cache/test-side.log 2>&1 & side=$$!; \
-	$(TEST_ENV) KILL_POINTS=$${KILL_POINTS:-6} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST); suite=$$?; \
-	wait $$side; side_rc=$$?; \
-	echo "== make typecheck, then make test-spark35 (run beside the suite):"; cat .cache/test-side.log; \
-	echo "== suite: exit $$suite; typecheck and Spark 3.5: exit $$side_rc"; \
-	test $$suite -eq 0 -a $$side_rc -eq 0
+	$(MAKE) --no-print-directory typecheck
+	$(TEST_ENV) KILL_POINTS=$${KILL_POINTS:-6} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
+	$(MAKE) --no-print-directory test-spark35
 
 # make test, recording every test's seconds in tests/durations.json (how make test deals the long
 # tests out to its workers: tests/conftest.py); commit the file after a run on a machine like CI's.
