@@ -47,7 +47,7 @@ def summary_budget_settings() -> tuple[float, str | None]:
     :data:`~airflow_kinesis_spark.core.stream_summary.DEFAULT_CALLS_PER_SECOND`) and the
     directory of the host's shared cache and pacer (``None``: the default one).
 
-    :raises ValueError: the rate is not a number (Airflow's ``getfloat``).
+    :raises AirflowConfigException: the rate is not a number (Airflow's ``getfloat``).
     """
     rate = conf.getfloat(SECTION, "describe_stream_summary_per_second", fallback=DEFAULT_CALLS_PER_SECOND)
     return rate, conf.get(SECTION, "shared_state_dir", fallback="") or None
