@@ -98,15 +98,23 @@ def test_a_subscription_taken_over_mid_shard_is_renewed_without_loss_or_duplicat
     the shard over: the reader's subscription ends with a ResourceInUseException event and the
     reader renews it after the last record read (and takes the shard back in turn)."""
     proxy, kinesis, stream, arn = fan_out
-    proxy.subscriptions.limits = replace(proxy.subscriptions.limits, takeover_seconds=0.5, bytes_per_second=1_000,
-                                         records_per_event=5)  # ~2.7 KB: a few seconds of events  # fmt: skip
+    # No wall-clock race: the reader's subscription is paced at 100 B/s (about 27 s for the shard) until
+    # the other subscription has taken the shard over, so the takeover always lands mid-shard, however
+    # loaded the machine; then the pace goes up and the reader renews and takes the shard back.
+    slow = replace(proxy.subscriptions.limits, takeover_seconds=0.5, bytes_per_second=100, records_per_event=5)
+    proxy.subscriptions.limits = slow
     shard_id = kinesis.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
     outcome: dict = {}
 
     def other() -> None:
-        time.sleep(0.8)  # the reader's subscription is older than the takeover time now
+        deadline = time.monotonic() + 30
+        while proxy.stats["subscriptions"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.7)  # the reader's subscription is older than the takeover time now
         try:
             response = kinesis.subscribe_to_shard(ConsumerARN=arn, ShardId=shard_id, StartingPosition={"Type": "LATEST"})
+            outcome["subscribed_after_records"] = proxy.stats["records"]
+            proxy.subscriptions.limits = replace(slow, bytes_per_second=1_000)
             for _ in response["EventStream"]:
                 pass
             outcome["ended"] = "cleanly"
@@ -119,7 +127,8 @@ def test_a_subscription_taken_over_mid_shard_is_renewed_without_loss_or_duplicat
     holder.join(timeout=30)
     polled, _ = read(kinesis, stream, shard_id)
     assert pushed == polled and len(set(pushed)) == 100
-    assert proxy.stats["taken_over"] >= 1 and outcome["ended"] == "ResourceInUseException"
+    assert 0 < outcome.get("subscribed_after_records", 0) < 100, outcome  # taken over mid-shard
+    assert proxy.stats["taken_over"] >= 1 and outcome.get("ended") == "ResourceInUseException", outcome
     assert report.throttled_calls >= 1  # the reader's own renewal after the takeover
 
 
