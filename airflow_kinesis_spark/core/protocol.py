@@ -1,4 +1,4 @@
-"""The batch protocol's entry points: one per mode, plan -> begin/lease -> probe -> job -> validate -> commit.
+"""The batch protocol's incremental entry points: plan -> begin/lease -> probe -> job -> validate -> commit.
 
 This module is the protocol's policy and nothing else. It drives
 
@@ -12,9 +12,9 @@ This module is the protocol's policy and nothing else. It drives
   a fake one. Adding another touches nothing here.
 
 Operators validate their arguments, build the client, store and job, call :func:`run_incremental`
-or :func:`run_window`, and publish the returned summary. Where each rule lives: stop rules in
+(or, for a window, ``core.window_run.run_window``), and publish the returned summary. Where each rule lives: stop rules in
 ``core.reader``, parents-before-children in ``core.shards``, planning in ``core.planner`` /
-``core.window``, lag and trim-horizon rules in ``core.lag``, the conditional commit in
+``core.window``, the window's entry point in ``core.window_run``, lag and trim-horizon rules in ``core.lag``, the conditional commit in
 ``core.store`` and the lease in ``core.lease``; the job's and the sink's interfaces in ``core.interfaces``, output locations
 and plan ids in ``core.locations``, the pending plan's checks in ``core.pending``, a window's
 check against the committed position in ``core.window_position``, the run's summary and the
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -41,18 +40,16 @@ from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp, t
 from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.probes import log_probes, probe_ranges
 from airflow_kinesis_spark.core.read_options import MIN_CALL_INTERVAL_S
-from airflow_kinesis_spark.core.shards import describe_stream_summary, list_shards
+from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
-from airflow_kinesis_spark.core.window import derive_slices, plan_window, validate_window, validate_window_report, window_label
 from airflow_kinesis_spark.core.job import JobArguments, writer_id
 from airflow_kinesis_spark.core.interfaces import BatchJob, HandedBatchJob, hands_off
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportNotRecordedError
 
-from airflow_kinesis_spark.core.locations import _is_table, batch_output_location, planned_output_location, window_output_location
+from airflow_kinesis_spark.core.locations import _is_table, batch_output_location, planned_output_location
 from airflow_kinesis_spark.core.pending import _output_spec, _task_settings, check_pending_against_stream, check_pending_plan
 from airflow_kinesis_spark.core.stream_summary import SummaryBudget
-from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcome, window_run_summary
-from airflow_kinesis_spark.core.window_position import check_window_position
+from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcome
 
 if TYPE_CHECKING:  # defined once, in sinks; core does not import sinks at run time
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
@@ -65,9 +62,7 @@ __all__ = [
     "prepare_incremental",
     "commit_handed",
     "IncrementalSettings",
-    "WindowSettings",
     "run_incremental",
-    "run_window",
     "plan_batch",
     "check_dead_letters",
     "IDLE_REFRESH",
@@ -119,52 +114,21 @@ class IncrementalSettings:
     summary_budget: SummaryBudget | None = None
 
 
-@dataclass(frozen=True)
-class WindowSettings:
-    """What a window run reads and where it writes.
-
-    :param start: the window's start, inclusive (UTC).
-    :param end: its end, exclusive (UTC); not in the future.
-    :param time_slices: slices per shard (1..64), or ``None`` to derive them
-        (:func:`~airflow_kinesis_spark.core.window.derive_slices`).
-    :param slice_length: the shortest slice worth a task when deriving.
-    :param parallelism: Spark tasks to keep busy when deriving.
-    :param sink: the output form (:class:`~airflow_kinesis_spark.sinks.Sink`); a
-        table's window commit replaces the window's rows, and each run then writes its own
-        folder under the window's (``run=...``), so a re-run never deletes files the table's
-        current snapshot holds.
-    :param consumer_type: as :class:`IncrementalSettings`'.
-    :param summary_budget: as :class:`IncrementalSettings`' (the window's retention check).
-    """
-
-    stream_name: str
-    consumer_name: str
-    output_root: str
-    start: datetime
-    end: datetime
-    time_slices: int | None = None
-    slice_length: timedelta = timedelta(minutes=15)
-    parallelism: int = 2
-    allow_data_loss: bool = False
-    min_call_interval: float = MIN_CALL_INTERVAL_S
-    sink: Sink | None = None
-    consumer_type: str = "polling"
-    summary_budget: SummaryBudget | None = None
-
-
 def _check_consumer_type(consumer_type: str) -> None:
     if consumer_type not in CONSUMER_TYPES:
         raise ValueError(f"consumer_type must be one of {', '.join(CONSUMER_TYPES)}; got {consumer_type!r}")
 
 
-def _for_job(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings | WindowSettings) -> BatchPlan:
+def _for_job(kinesis: Any, plan: BatchPlan, *, stream_name: str, consumer_name: str, consumer_type: str,
+             sink: Sink | None) -> BatchPlan:  # fmt: skip
     """``plan`` with what only a plan that is persisted or run needs, resolved now: the output
-    spec (a ``target_file_size`` becomes a rows cap from the table's latest commit: a catalog
-    call) and, for ``efo``, the stream consumer (registered or reused, waited for until ACTIVE);
-    without the stored shard iterators the probes used (``BatchPlan.without_resume_iterators``).
-    A run that finds no new records makes neither call."""
-    arn = ensure_stream_consumer(kinesis, settings.stream_name, settings.consumer_name) if settings.consumer_type == "efo" else None
-    return replace(plan.without_resume_iterators(), output=_output_spec(settings.sink, planning=True), consumer_arn=arn)
+    spec of ``sink`` (a ``target_file_size`` becomes a rows cap from the table's latest commit: a
+    catalog call) and, for ``consumer_type`` ``efo``, the stream consumer (registered or reused,
+    waited for until ACTIVE); without the stored shard iterators the probes used
+    (``BatchPlan.without_resume_iterators``). A run that finds no new records makes neither call.
+    Used by both entry points (this module's and ``core.window_run``'s)."""
+    arn = ensure_stream_consumer(kinesis, stream_name, consumer_name) if consumer_type == "efo" else None
+    return replace(plan.without_resume_iterators(), output=_output_spec(sink, planning=True), consumer_arn=arn)
 
 
 # -- incremental -------------------------------------------------------------------------------
@@ -315,7 +279,8 @@ def prepare_incremental(
     probes = _probe_batch(kinesis, plan, settings)
     if not any(r.records or r.quarantined for r in probes):  # no record: every range was probed
         return PreparedBatch(summary=_commit_without_records(kinesis, store, plan, probes, owner, settings))
-    plan = _for_job(kinesis, plan, settings)
+    plan = _for_job(kinesis, plan, stream_name=settings.stream_name, consumer_name=settings.consumer_name,
+                    consumer_type=settings.consumer_type, sink=settings.sink)
     if settings.sink is not None:
         settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)  # the first batch with records records the owner
     store.begin(plan, owner)
@@ -596,7 +561,8 @@ def _commit_without_records(
         "idle shards seen empty up to the cutoff: %s)",
         new_shards, newly_ended, stale,
     )  # fmt: skip
-    plan = _for_job(kinesis, plan, settings)  # persisted: a crash before the commit leaves it pending, to be compared
+    plan = _for_job(kinesis, plan, stream_name=settings.stream_name, consumer_name=settings.consumer_name,
+                    consumer_type=settings.consumer_type, sink=settings.sink)  # persisted: a crash before the commit leaves it pending, to be compared
     store.begin(plan, owner)
     store.commit(plan, checkpoints, owner)
     return incremental_summary(plan, probes, checkpoints, "committed_without_records", reused=False, sink=settings.sink)
@@ -607,107 +573,3 @@ def _needs_idle_refresh(checkpoint: Checkpoint, cutoff: datetime) -> bool:
     if checkpoint.position is not None and checkpoint.clear_until is None:
         return True
     return (known_until(checkpoint) or cutoff) < cutoff - IDLE_REFRESH
-
-
-# -- window ------------------------------------------------------------------------------------
-
-
-def run_window(
-    kinesis: Any, job: BatchJob | HandedBatchJob, settings: WindowSettings, *, now: datetime | None = None,
-    store: DynamoDBCheckpointStore | None = None, owner: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Read the window ``[start, end)`` of a stream by arrival time (backfill); checkpoints untouched.
-
-    Every shard that may have been open during the window is planned (closed ones included),
-    cut into time slices; the (shard, slice) ranges are probed up to the first one with a user
-    record, and the job runs only when a probe found a record (it then reads every range). The
-    same window gives the same rows: its output location is derived from the window and
-    overwritten on re-run.
-
-    With a ``store`` and a :class:`HandedBatchJob`, the plan goes to the job through the store
-    (``store.write_window`` under ``owner``) and its report comes back the same way, so the
-    driver may run anywhere; otherwise the job gets the plan directly (:class:`BatchJob`).
-
-    :param kinesis: boto3 Kinesis client.
-    :param store: a checkpoint store of the window's (stream, consumer): only its window items are used.
-    :param owner: this run's writer id (with ``store``).
-    :returns: ``mode`` ``window``, ``status`` (``written`` or ``no_records``), ``stream_name``,
-        ``window_start``, ``window_end``, ``records``, ``bytes``, ``output_path``, ``quarantined``,
-        ``quarantine_path``, ``out_of_range``, ``time_slices``, ``shards`` (per shard ``records``,
-        ``bytes``, ``slices``, ``quarantined``, ``out_of_range``), ``trim_gap``.
-    :raises ValueError: ``start >= end``, an end in the future, or no ``store`` for a job that
-        only takes its batch from one (before any call).
-    :raises DataLossError: the window starts before the trim horizon without ``allow_data_loss``.
-    :raises ReportValidationError: the job's reports do not cover every (shard, slice) once.
-    """
-    now = to_utc(now or datetime.now(timezone.utc))
-    start, end = to_utc(settings.start), to_utc(settings.end)
-    validate_window(start, end, now=now)  # cheap checks before any call
-    if not (isinstance(job, BatchJob) or (store is not None and hands_off(job))):
-        raise ValueError(f"{type(job).__name__} takes its batch from a checkpoint store, and this window has none: "
-                         "give the window a checkpoint_table, or run it with a job that takes its plan directly")  # fmt: skip
-    summary = describe_stream_summary(kinesis, settings.stream_name, budget=settings.summary_budget)
-    horizon = now - timedelta(hours=float(summary["RetentionPeriodHours"]))
-    gap = validate_window(start, end, now=now, trim_horizon=horizon, allow_data_loss=settings.allow_data_loss)
-    if gap:
-        log.warning("Reading what exists of the window (allow_data_loss=True): %s", gap)
-    shards = list_shards(kinesis, settings.stream_name, {"Type": "FROM_TIMESTAMP", "Timestamp": start})
-    slices = settings.time_slices or derive_slices(
-        start, end, len(shards), slice_length=settings.slice_length, parallelism=settings.parallelism
-    )
-    location = window_output_location(settings.output_root, start, end)
-    if _is_table(settings.sink):  # the table's current snapshot may hold the last run's files: never overwrite them
-        location += f"/run={format_timestamp(now).replace(':', '').replace('-', '')}-{uuid.uuid4().hex[:8]}"
-    plan = plan_window(
-        stream_name=settings.stream_name, consumer_name=settings.consumer_name, shards=shards, start=start, end=end,
-        slices=int(slices), now=now, output_location=location,
-    )  # fmt: skip
-    _check_consumer_type(settings.consumer_type)
-    if settings.sink is not None:
-        settings.sink.claim(settings.stream_name, settings.consumer_name, record=False)
-        check_window_position(plan, settings, store)
-    log.info("Window [%s, %s): %d shards x %d time slices, output %s",
-             format_timestamp(start), format_timestamp(end), len(shards), slices, plan.output_location)  # fmt: skip
-    probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval, until_record=True)
-    log_probes(probes, len(plan.ranges))
-    found = any(r.records or r.quarantined for r in probes)  # else every range was probed: the probes are the reports
-    plan = _for_job(kinesis, plan, settings) if found else plan
-    if found and settings.sink is not None:
-        settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)
-    if found and store is not None and hands_off(job):
-        reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes), settings.output_root)
-    elif found:
-        assert isinstance(job, BatchJob)  # checked before any call
-        reports = job.run(plan, records_expected=any(r.records for r in probes))
-    else:
-        log.info("No records in the window: no Spark job, no files")
-        reports = probes
-    validate_window_report(plan, reports)
-    check_dead_letters(plan, reports)
-    records = sum(r.records for r in reports)
-    table = settings.sink.commit_window(plan, reports) if settings.sink is not None and records else None
-    result = window_run_summary(plan, reports, "written" if found else "no_records", stream_name=settings.stream_name,
-                                start=start, end=end, time_slices=slices, trim_gap=gap, sink=settings.sink, table=table)  # fmt: skip
-    if found:
-        log_outcome(plan, reports, result)
-    return result
-
-
-def _run_handed_window(
-    store: DynamoDBCheckpointStore, job: HandedBatchJob, plan: BatchPlan, owner: str, records_expected: bool, output_root: str
-) -> list[ShardReport]:
-    """Hand a window's plan to its job through the store and read its report back from there."""
-    label = window_label(*plan.window)
-    store.write_window(label, "PLAN", owner, plan.to_dict())
-    arguments = JobArguments(
-        checkpoint_table=store.table_name, stream_name=plan.stream_name, consumer_name=plan.consumer_name, batch_id=0,
-        lease_owner=owner, lease_seconds=DEFAULT_LEASE_SECONDS, records_expected=records_expected,
-        region_name=getattr(getattr(store.client, "meta", None), "region_name", None), window=label,
-        plan_digest=plan.digest(), output_root=output_root,
-    )  # fmt: skip
-    job.run_handed(arguments, output_location=plan.output_location)
-    reports = store.window_report(label, owner)
-    if reports is None:
-        raise ReportNotRecordedError(f"The Spark job of window {label} ended without storing its report in checkpoint table "
-                                     f"{store.table_name!r}. A re-run reads the same window and overwrites its output.")  # fmt: skip
-    return reports

@@ -103,7 +103,7 @@ def window_run_summary(
     :param trim_gap: the part of the window lost to the trim horizon (``allow_data_loss``), or ``None``.
     :param sink: the task's output form (``None``: Parquet folders).
     :param table: the sink's window commit (a ``TableCommit``), or ``None``.
-    :returns: as ``core.protocol.run_window`` lists.
+    :returns: as ``core.window_run.run_window`` lists.
     """
     records = sum(r.records for r in reports)
     quarantined = sum(r.quarantined for r in reports)

@@ -1,11 +1,11 @@
 """A window into its consumer's own output may cover only what the consumer has committed.
 
-A window run (``core.protocol.run_window``) rewrites ``[start, end)`` of a stream. When its
+A window run (``core.window_run.run_window``) rewrites ``[start, end)`` of a stream. When its
 output also holds the consumer's incremental batches, rows the window reads past the consumer's
 committed checkpoints would be added a second time by the consumer's next batches:
 :func:`check_window_position` refuses such a window before anything is read. ``settings`` is the
-task's ``core.protocol.WindowSettings`` (this module does not import the protocol: the protocol
-imports it).
+task's ``core.window_run.WindowSettings`` (this module does not import it: ``core.window_run``
+imports this one).
 
 No Airflow import.
 """

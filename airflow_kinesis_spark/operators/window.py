@@ -13,7 +13,7 @@ from typing import Any
 from airflow.sdk import Context
 
 from airflow_kinesis_spark.core.positions import parse_timestamp
-from airflow_kinesis_spark.core.protocol import WindowSettings, run_window
+from airflow_kinesis_spark.core.window_run import WindowSettings, run_window
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, refuse_arguments
 
 __all__ = ["INCREMENTAL_ONLY", "KinesisWindowToSparkOperator"]

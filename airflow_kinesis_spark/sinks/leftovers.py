@@ -73,7 +73,7 @@ DEFAULT_MIN_AGE_SECONDS = 24 * 3600
 _BATCH = re.compile(r"^batch_id=(?P<batch>\d+)(?:-(?P<plan>[0-9a-f]{12}))?$")
 #: A staging folder: ``{name}-{16 hex digits of the writer}`` (``core.job.staging_location``).
 _STAGED = re.compile(r"^(?P<name>.+)-[0-9a-f]{16}$")
-#: A table window's run folder: ``run={start time, no ':' or '-'}-{8 hex}`` (``core.protocol.run_window``).
+#: A table window's run folder: ``run={start time, no ':' or '-'}-{8 hex}`` (``core.window_run.run_window``).
 _RUN = re.compile(r"^run=(?P<time>\d{8}T\d{6}(?:\.\d{3})?Z)-[0-9a-f]{8}$")
 #: The quarantine (dead letters) folder of a batch (``sinks.spark_write.QUARANTINE_DIR``).
 _QUARANTINE = "_quarantine"

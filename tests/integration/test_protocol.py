@@ -18,7 +18,8 @@ import pytest
 
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
 from airflow_kinesis_spark.core.positions import Checkpoint, ExtendedSequenceNumber
-from airflow_kinesis_spark.core.protocol import IncrementalSettings, WindowSettings, run_incremental, run_window
+from airflow_kinesis_spark.core.protocol import IncrementalSettings, run_incremental
+from airflow_kinesis_spark.core.window_run import WindowSettings, run_window
 from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.probes import probe_ranges
 from airflow_kinesis_spark.core.shards import list_shards

@@ -18,7 +18,8 @@ import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 from botocore.config import Config
 
-from airflow_kinesis_spark.core.protocol import WindowSettings, commit_handed, run_incremental, run_window
+from airflow_kinesis_spark.core.protocol import commit_handed, run_incremental
+from airflow_kinesis_spark.core.window_run import WindowSettings, run_window
 from airflow_kinesis_spark.core.shards import list_shards
 from demo.producer import put_plain, put_raw
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
