@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from airflow_kinesis_spark import cli as cli_module
+from airflow_kinesis_spark.cli import terminal
 from airflow_kinesis_spark.cli import main as cli
 from airflow_kinesis_spark.core.planner import plan_incremental
 from airflow_kinesis_spark.core.shards import list_shards
@@ -82,7 +82,7 @@ def test_json_stays_parseable_while_progress_is_shown(consumed, moto_endpoint, m
     preview = json.loads(dry.stdout)
     assert preview["batch_id"] is None and {v["to"] for v in preview["shards"].values()} == {"TRIM_HORIZON"}
 
-    monkeypatch.setattr(cli_module, "_stdin_is_interactive", lambda: True)  # CliRunner's stdin is not a terminal
+    monkeypatch.setattr(terminal, "stdin_is_interactive", lambda: True)  # CliRunner's stdin is not a terminal
     done = invoke(CliRunner(env=INTERACTIVE), moto_endpoint, "rewind", *args, "--to", "LATEST", "--json", input="y\n")
     assert done.exit_code == 0, done.output
     assert "Set the checkpoints of 3 shards?" in done.stderr  # the prompt does not break the JSON either

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from airflow_kinesis_spark import cli as cli_module
+from airflow_kinesis_spark.cli import terminal
 from airflow_kinesis_spark.cli import main as cli
 from airflow_kinesis_spark.core.planner import plan_incremental
 from airflow_kinesis_spark.core.shards import list_shards
@@ -98,7 +98,7 @@ def invoke(moto_endpoint: str, store, command: str, *args: str, input: str | Non
 @pytest.fixture
 def interactive(monkeypatch):
     """Make the command line take CliRunner's stdin for a terminal, to answer its prompt."""
-    monkeypatch.setattr(cli_module, "_stdin_is_interactive", lambda: True)
+    monkeypatch.setattr(terminal, "stdin_is_interactive", lambda: True)
 
 
 def rewind_op(store, **kwargs) -> KinesisCheckpointRewindOperator:

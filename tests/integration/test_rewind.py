@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from click.testing import CliRunner
 
-from airflow_kinesis_spark import cli as cli_module
+from airflow_kinesis_spark.cli import terminal
 from airflow_kinesis_spark.cli import main as cli
 from airflow_kinesis_spark.core.planner import plan_incremental
 from airflow_kinesis_spark.core.positions import Sentinel, format_timestamp
@@ -125,7 +125,7 @@ def test_cli_lists_checkpoints_and_lag_and_rewinds(consumed, moto_endpoint, monk
     assert as_json["committed_batch_id"] == 1 and as_json["lag"]["shards_with_unconsumed"]
     dry = runner.invoke(cli, [*base, "rewind", *args, "--to", "TRIM_HORIZON", "--dry-run"])
     assert dry.exit_code == 0 and "TRIM_HORIZON" in dry.output and store.head().committed_batch_id == 1
-    monkeypatch.setattr(cli_module, "_stdin_is_interactive", lambda: True)  # CliRunner's stdin is not a terminal
+    monkeypatch.setattr(terminal, "stdin_is_interactive", lambda: True)  # CliRunner's stdin is not a terminal
     refused = runner.invoke(cli, [*base, "rewind", *args, "--to", "TRIM_HORIZON"], input="n\n")
     assert refused.exit_code == 1 and "Set these checkpoints? [y/N]: n\nAborted!" in refused.output
     assert store.head().committed_batch_id == 1

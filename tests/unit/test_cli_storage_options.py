@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from airflow_kinesis_spark.cli import _storage_options
+from airflow_kinesis_spark.cli.leftovers import _storage_options
 
 
 def context(**opts: object) -> click.Context:

@@ -22,13 +22,11 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
 from airflow_kinesis_spark.core.admin import CLI_FLAGS, check_endpoint
@@ -41,27 +39,8 @@ from airflow_kinesis_spark.core.positions import Checkpoint
 from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.shards import Shard
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-
-
-def _console() -> Console:
-    """The stdout console, sized to the terminal now (``COLUMNS`` is honoured)."""
-    return Console()
-
-
-@contextmanager
-def _progress() -> Iterator[Progress]:
-    """A progress display on stderr, shown only when stderr is an interactive terminal.
-
-    Nothing of it reaches stdout, so ``--json`` output stays parseable. Rich's ``TTY_INTERACTIVE``
-    environment variable (``0``/``1``) overrides the detection.
-    """
-    console = Console(stderr=True)
-    progress = Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=not console.is_interactive,
-    )  # fmt: skip
-    with progress:
-        yield progress
+from airflow_kinesis_spark.cli import terminal
+from airflow_kinesis_spark.cli.leftovers import leftovers
 
 
 def _clients(ctx: click.Context) -> tuple[Any, Any]:
@@ -107,16 +86,6 @@ def _age(ms: int | None) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def _add_columns(grid: Table, *headers: str, right: tuple[int, ...] = ()) -> None:
-    """Columns that stay readable in 80 columns: shard ids are never broken, headers wrap only
-    between words, long values (56-digit sequence numbers) fold."""
-    for index, header in enumerate(headers):
-        grid.add_column(
-            header, justify="right" if index in right else "left", no_wrap=header == "shard", overflow="fold",
-            min_width=max(len(word) for word in header.split()),
-        )  # fmt: skip
-
-
 def _measure_lag(
     kinesis: Any, store: DynamoDBCheckpointStore, checkpoints: dict[str, Checkpoint], progress: Progress
 ) -> dict[str, Any]:
@@ -142,7 +111,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except (ValueError, KinesisSparkError, BotoCoreError, ClientError, OSError) as err:
-            raise click.ClickException(_printable(f"{type(err).__name__}: {_cli_message(err, ctx.obj)}")) from err
+            raise click.ClickException(terminal.printable(f"{type(err).__name__}: {_cli_message(err, ctx.obj)}")) from err
 
 
 def _cli_message(err: Exception, opts: dict[str, Any] | None) -> str:
@@ -237,7 +206,7 @@ def checkpoints(ctx: click.Context, stream: str, consumer: str, table: str, as_j
     The lag of each readable shard is measured from its committed checkpoint with one probe
     (GetShardIterator, GetRecords with Limit 1), as the lag sensor does. Reads only.
     """
-    with _progress() as progress:
+    with terminal.progress() as progress:
         task = progress.add_task(f"Reading the checkpoints of {consumer}", total=None)
         kinesis, store = _store(ctx, stream, consumer, table)
         head = store.head()
@@ -250,7 +219,7 @@ def checkpoints(ctx: click.Context, stream: str, consumer: str, table: str, as_j
         return
     grid = Table(show_edge=False, title=f"{stream} / {consumer}  (committed batch {head.committed_batch_id}"
                  + (f", pending batch {head.pending_batch_id}" if head.pending_batch_id else "") + ")")  # fmt: skip
-    _add_columns(grid, "shard", "checkpoint", "records waiting", "oldest waiting", "behind latest", "state", right=(3, 4))
+    terminal.add_columns(grid, "shard", "checkpoint", "records waiting", "oldest waiting", "behind latest", "state", right=(3, 4))
     shard_ids = sorted(set(checkpoints_now) | set(lag["shards"]) | set(lag["waiting_shards"]))
     for shard_id in shard_ids:
         row = lag["shards"].get(shard_id)
@@ -267,34 +236,7 @@ def checkpoints(ctx: click.Context, stream: str, consumer: str, table: str, as_j
         f"{len(shard_ids)} shards, {len(lag['shards'])} readable, {waiting_count} with records waiting"
         + (f", oldest waiting {_age(lag['max_age_ms'])}" if waiting_count else "")
     )
-    _console().print(grid)
-
-
-def _printable(text: str) -> str:
-    """``text`` with control characters escaped (ESC as ``\\x1b`` ...): values read from the checkpoint
-    table (paths, holders) must not drive the terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _stdin_is_interactive() -> bool:
-    return sys.stdin is not None and sys.stdin.isatty()
-
-
-def _confirm(question: str, *, yes: bool, err: bool, action: str, look_first: str = "with --dry-run") -> None:
-    """Ask ``question`` (``[y/N]``) unless ``--yes``; no, or just Enter, aborts (exit status 1).
-
-    :param look_first: how the command shows what it would do without doing it.
-    :raises click.UsageError: stdin is not a terminal and ``--yes`` was not given (exit status 2):
-        no one is there to answer, and a piped answer is not a confirmation.
-    """
-    if yes:
-        return
-    if not _stdin_is_interactive():
-        raise click.UsageError(
-            f"stdin is not a terminal, so {action} cannot ask for confirmation: pass --yes to {action} without "
-            f"asking (see what it would do {look_first} first)."
-        )
-    click.confirm(_printable(question), abort=True, err=err)
+    terminal.console().print(grid)
 
 
 def _pending_line(result: dict[str, Any]) -> str:
@@ -302,7 +244,7 @@ def _pending_line(result: dict[str, Any]) -> str:
     age = result["heartbeat_age_seconds"]
     beat = f", last heartbeat {_age(int(age * 1000))} ago" if age is not None else ""
     batch = f"Pending batch {result['discarded_batch_id']} (held by {result['holder']}{beat})"
-    return _printable(f"{batch}: {result['discarded_output']}.")
+    return terminal.printable(f"{batch}: {result['discarded_output']}.")
 
 
 def _discard_question(result: dict[str, Any], then: str) -> str:
@@ -361,8 +303,8 @@ def rewind(
     directory it deletes, then asks before writing them (unless --yes). The rewind is committed
     like a batch: fenced, one conditional write for every shard.
     """
-    console = _console()
-    with _progress() as progress:
+    console = terminal.console()
+    with terminal.progress() as progress:
         progress.add_task(f"Listing the shards of {stream} and reading the checkpoints of {consumer}", total=None)
         kinesis, store = _store(ctx, stream, consumer, table)
         preview = do_rewind(kinesis, store, to, dry_run=True, discard_pending=discard_pending, output_path=output_path,
@@ -371,7 +313,7 @@ def rewind(
         # The heading is printed on its own: as the title of a narrow table it would wrap.
         console.print(f"Rewind {stream} / {consumer} to {to}" + (" (dry run)" if dry_run else ""), style="italic", highlight=False)
         grid = Table(show_edge=False)
-        _add_columns(grid, "shard", "from", "to")
+        terminal.add_columns(grid, "shard", "from", "to")
         for shard_id, change in preview["shards"].items():
             grid.add_row(shard_id, change["from"] or "-", change["to"] or "(removed)")
         console.print(grid)
@@ -383,8 +325,8 @@ def rewind(
         return
     shards = "these checkpoints" if not as_json else f"the checkpoints of {len(preview['shards'])} shards"
     question = _discard_question(preview, f" and set {shards}") if preview["discarded_batch_id"] is not None else f"Set {shards}?"
-    _confirm(question, yes=yes, err=as_json, action="rewind")
-    with _progress() as progress:
+    terminal.confirm(question, yes=yes, err=as_json, action="rewind")
+    with terminal.progress() as progress:
         progress.add_task(f"Rewinding {consumer} on {stream}", total=None)
         result = do_rewind(kinesis, store, to, discard_pending=discard_pending, output_path=output_path,
                            owner=f"cli.{uuid.uuid4().hex[:8]}", lease_seconds=lease_seconds,
@@ -393,7 +335,7 @@ def rewind(
         click.echo(json.dumps(result, indent=2))
         return
     if result["discarded_batch_id"] is not None:
-        console.print(_printable(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output']})."),
+        console.print(terminal.printable(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output']})."),
                       soft_wrap=True, markup=False, highlight=False)  # fmt: skip
     console.print(f"Rewound as batch {result['batch_id']}.", soft_wrap=True)
 
@@ -429,8 +371,8 @@ def discard_pending(
     directory under it (batch_id=N) is deleted if local, and never a path read from the table.
     Asks first (unless --yes).
     """
-    console = _console()
-    with _progress() as progress:
+    console = terminal.console()
+    with terminal.progress() as progress:
         progress.add_task(f"Reading the pending batch of {consumer}", total=None)
         _, store = _store(ctx, stream, consumer, table)
         preview = do_discard_pending(store, output_path=output_path, dry_run=True, owner="cli", lease_seconds=lease_seconds,
@@ -448,8 +390,8 @@ def discard_pending(
         if as_json:
             click.echo(json.dumps(preview, indent=2))
         return
-    _confirm(_discard_question(preview, ""), yes=yes, err=as_json, action="discard-pending")
-    with _progress() as progress:
+    terminal.confirm(_discard_question(preview, ""), yes=yes, err=as_json, action="discard-pending")
+    with terminal.progress() as progress:
         progress.add_task(f"Discarding pending batch {preview['discarded_batch_id']} of {consumer}", total=None)
         result = do_discard_pending(store, output_path=output_path, owner=f"cli.{uuid.uuid4().hex[:8]}",
                                     lease_seconds=lease_seconds, expected_batch_id=preview["discarded_batch_id"],
@@ -457,7 +399,7 @@ def discard_pending(
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    console.print(_printable(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output']}). "
+    console.print(terminal.printable(f"Discarded pending batch {result['discarded_batch_id']} ({result['discarded_output']}). "
                              f"The committed checkpoints (batch {result['committed_batch_id']}) are unchanged."),
                   soft_wrap=True, markup=False, highlight=False)  # fmt: skip
 
@@ -482,14 +424,14 @@ def deregister_consumer(ctx: click.Context, stream: str, consumer: str, yes: boo
     untouched: the next enhanced fan-out run registers it again, and polling runs never need it.
     Asks first (unless --yes).
     """
-    _confirm(f"Deregister stream consumer {consumer} of stream {stream}?", yes=yes, err=as_json, action="deregister-consumer")
+    terminal.confirm(f"Deregister stream consumer {consumer} of stream {stream}?", yes=yes, err=as_json, action="deregister-consumer")
     kinesis, _ = _clients(ctx)
     existed = deregister_stream_consumer(kinesis, stream, consumer)
     result = {"stream": stream, "consumer_name": consumer, "deregistered": existed}
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        _console().print(f"Stream consumer {consumer} of {stream}: "
+        terminal.console().print(f"Stream consumer {consumer} of {stream}: "
                          + ("deregistered (billing stops once it is gone)." if existed else "was not registered; nothing to do."),
                          soft_wrap=True, markup=False, highlight=False)  # fmt: skip
 
@@ -527,189 +469,4 @@ def package(directory: str, as_json: bool) -> None:
         click.echo(f"Spark job: {result['script']}\n--py-files: {result['py_files']}\nlog4j 2 configuration: {result['log4j_config']}")
 
 
-LEFTOVERS_EPILOG = """\b
-Examples:
-  # what would be removed, and how many bytes (a dry run: the default)
-  kinesis-spark leftovers --output-path s3a://example-lake/access_log
-  # an Iceberg table: its catalog as pyiceberg's properties
-  kinesis-spark leftovers --output-path s3a://example-lake/clicks \\
-      --catalog-property type=glue --catalog-property client.region=eu-west-1
-  # remove them without asking; the result as JSON
-  kinesis-spark leftovers --output-path /data/lake/clicks --delete --yes --json
-"""
-
-
-def _leftovers_count(count: int) -> str:
-    return f"{count} leftover" + ("" if count == 1 else "s")
-
-
-def _key_values(values: Sequence[str], option: str) -> dict[str, str]:
-    """``KEY=VALUE`` options as a dict.
-
-    :raises click.BadParameter: an item without ``=`` (exit status 2).
-    """
-    result = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint=option)
-        result[key.strip()] = value
-    return result
-
-
-def _storage_options(ctx: click.Context, output_path: str, given: dict[str, str]) -> dict[str, str] | None:
-    """For an ``s3://`` (``s3a``, ``s3n``) root: credentials and region of the command's AWS access
-    (``--aws-conn-id``'s connection, or boto3's chain with ``--profile``/``--region``) in delta-rs's
-    key names, under ``given`` (``--storage-option``); other roots: ``given``."""
-    from urllib.parse import urlparse
-
-    if urlparse(output_path).scheme not in ("s3", "s3a", "s3n"):
-        return given or None
-    from airflow_kinesis_spark.sinks.files import aws_storage_options
-
-    opts = ctx.obj
-    if opts["aws_conn_id"]:
-        from airflow.sdk.log import configure_logging
-
-        from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
-
-        configure_logging(log_level="INFO" if opts["verbose"] else "WARNING", output=sys.stderr)
-        hook = KinesisStreamHook(aws_conn_id=opts["aws_conn_id"], region_name=opts["region"])
-        derived = aws_storage_options(hook.get_credentials(), opts["region"] or hook.conn_region_name,
-                                      opts["endpoint_url"] or getattr(hook.conn_config, "endpoint_url", None))  # fmt: skip
-    else:
-        import boto3
-
-        session = boto3.session.Session(profile_name=opts["profile"], region_name=opts["region"])
-        found = session.get_credentials()
-        derived = aws_storage_options(found.get_frozen_credentials() if found else None, session.region_name, opts["endpoint_url"])
-    return {**derived, **given}
-
-
-def _leftovers_sink(
-    output_path: str, output_format: str | None, table: str | None, catalog: dict[str, str], options: dict[str, str] | None,
-    stream: str | None, consumer: str | None, shared: bool, ctx: click.Context,
-) -> tuple[Any, str | None, str | None]:  # fmt: skip
-    """The sink of an output root, from its owner record and the options; with its (stream, consumer).
-
-    :raises ValueError: the options contradict the owner record, or leave something unknown.
-    """
-    from airflow_kinesis_spark.core.names import stream_name_of
-    from airflow_kinesis_spark.sinks import build_sink
-    from airflow_kinesis_spark.sinks.ownership import OWNER_FILE, owner_location, read_owner
-
-    owner = read_owner(output_path, options)
-    if owner is not None:
-        where = f"its owner record {owner_location(output_path)}"
-        if output_format and output_format != owner.format:
-            raise ValueError(f"{output_path} holds {owner.format} output ({where}); --output-format {output_format} does not match")
-        if table and owner.table and table != owner.table:
-            raise ValueError(f"{output_path} holds the files of Iceberg table {owner.table} ({where}); --table {table} does not match")
-        if shared and not owner.shared:
-            raise ValueError(f"{output_path} is not a shared output ({where}): leave out --shared-output")
-        if not owner.shared:
-            if (stream and stream_name_of(stream) != owner.stream) or (consumer and consumer != owner.consumer):
-                raise ValueError(f"{output_path} belongs to stream {owner.stream!r}, consumer {owner.consumer!r} ({where}); "
-                                 "--stream and --consumer do not match")  # fmt: skip
-            stream, consumer = owner.stream, owner.consumer
-        output_format, table, shared = owner.format, table or owner.table or None, owner.shared
-    if not output_format:
-        raise ValueError(f"{output_path} has no owner record ({OWNER_FILE}): give --output-format (and for a table the "
-                         "--stream and --consumer that write it)")  # fmt: skip
-    if shared and not (stream and consumer):
-        raise ValueError(f"{output_path} is a shared output: give --stream and --consumer (their batches are under "
-                         "stream=<stream>/consumer=<consumer>)")  # fmt: skip
-    if output_format == "iceberg":
-        if not catalog:
-            raise ValueError("an Iceberg output needs its catalog: --catalog-property KEY=VALUE, pyiceberg's catalog properties "
-                             "(e.g. --catalog-property type=glue, or type=sql and uri=...)")  # fmt: skip
-        if catalog.get("type") == "glue":
-            opts = ctx.obj
-            defaults = {"client.region": opts["region"], "client.profile-name": opts["profile"]}
-            catalog = {**{k: v for k, v in defaults.items() if v}, **catalog}
-    sink = build_sink(output_format, output_path, table=table, catalog_properties=catalog or None, storage_options=options,
-                      shared_output=shared, stream_name=stream, consumer_name=consumer)  # fmt: skip
-    return sink, stream, consumer
-
-
-@main.command(epilog=LEFTOVERS_EPILOG, short_help="List (or remove) output files no committed snapshot, version or record holds.")
-@click.option("--output-path", required=True, metavar="PATH", help="The output root: the output_path of the consumer's task.")
-@click.option("--output-format", type=click.Choice(["parquet", "iceberg", "delta"]), default=None,
-              help="The output format (default: the root's owner record's).")  # fmt: skip
-@click.option("--table", default=None, metavar="NAMESPACE.TABLE", help="Iceberg: the table (default: the owner record's).")
-@click.option("--catalog-property", multiple=True, metavar="KEY=VALUE",
-              help="Iceberg: a pyiceberg catalog property, e.g. type=glue (repeat the option for each).")  # fmt: skip
-@click.option("--storage-option", multiple=True, metavar="KEY=VALUE",
-              help="An s3 storage option in delta-rs's names, e.g. AWS_ENDPOINT_URL=URL (repeat the option for each).")  # fmt: skip
-@click.option("--stream", default=None, metavar="NAME", help="The stream (default: the owner record's; needed for a shared output).")
-@click.option("--consumer", default=None, metavar="NAME", help="The consumer (default: the owner record's; needed for a shared output).")
-@click.option("--shared-output", is_flag=True, help="The root is shared (the task's shared_output=True; the owner record says so too).")
-@click.option("--min-age-hours", type=click.FloatRange(min=0), default=24.0, show_default=True, metavar="HOURS",
-              help="A window run or a window's staging folder counts only when nothing was written in it for this long.")  # fmt: skip
-@click.option("--delete", is_flag=True, help="Remove the leftovers (asks first, unless --yes). Without it: a dry run.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation (required with --delete when stdin is not a terminal).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (the prompt goes to stderr).")
-@click.pass_context
-def leftovers(
-    ctx: click.Context, output_path: str, output_format: str | None, table: str | None, catalog_property: Sequence[str],
-    storage_option: Sequence[str], stream: str | None, consumer: str | None, shared_output: bool, min_age_hours: float,
-    delete: bool, yes: bool, as_json: bool,
-) -> None:  # fmt: skip
-    """List the files and folders under an output root that no committed Iceberg snapshot, Delta
-    version or committed Parquet record references and that nothing can still use, with their
-    bytes; with --delete, remove them.
-
-    Leftovers are attempts of batches up to the latest committed batch that the output does not
-    reference (superseded or retried plans), staging folders of killed drivers, and window runs
-    the table does not reference once --min-age-hours old. The pending batch, every file of any
-    snapshot or version, the owner record, _committed, _delta_log and metadata are never touched.
-    The format, table, stream and consumer come from the root's owner record. See docs/maintenance.md.
-    """
-    from rich.filesize import decimal
-
-    from airflow_kinesis_spark.sinks.leftovers import remove_leftovers, scan_leftovers
-
-    options = _storage_options(ctx, output_path, _key_values(storage_option, "--storage-option"))
-    sink, stream, consumer = _leftovers_sink(output_path, output_format, table, _key_values(catalog_property, "--catalog-property"),
-                                             options, stream, consumer, shared_output, ctx)  # fmt: skip
-    min_age = min_age_hours * 3600
-    with _progress() as progress:
-        progress.add_task(f"Reading the committed references of {sink.table or output_path}", total=None)
-        scan = scan_leftovers(sink, stream, consumer, min_age=min_age)
-    result = {**scan.to_dict(), "output_path": output_path, "table": sink.table, "dry_run": not delete, "removed": [], "removed_bytes": 0}
-    console = _console()
-    if not as_json:
-        committed = f"committed up to batch {scan.latest_batch_id}" if scan.latest_batch_id is not None else "no committed batch found"
-        console.print(_printable(f"Leftovers under {scan.root} ({scan.format}, {committed}; {scan.references} committed files)"
-                                 + ("" if delete else " (dry run)")), soft_wrap=True, markup=False, highlight=False)  # fmt: skip
-        if scan.leftovers:
-            grid = Table(show_edge=False)
-            _add_columns(grid, "path", "size", "reason", right=(1,))
-            for item in scan.leftovers:
-                relative = item.path[len(scan.root) + 1 :] + ("/" if item.folder else "")
-                grid.add_row(_printable(relative), decimal(item.size), _printable(item.reason))
-            console.print(grid)
-        for note in scan.kept:
-            console.print(_printable(f"kept: {note}"), soft_wrap=True, markup=False, highlight=False)
-        summary = f"{_leftovers_count(len(scan.leftovers))}, {decimal(scan.total_size)}"
-        if not delete:
-            console.print(f"{summary}: nothing removed (dry run); --delete removes them.", soft_wrap=True, highlight=False)
-    if not delete or not scan.leftovers:
-        if as_json:
-            click.echo(json.dumps(result, indent=2))
-        elif delete:
-            console.print("Nothing to remove.", highlight=False)
-        return
-    _confirm(f"Remove {_leftovers_count(len(scan.leftovers))} ({decimal(scan.total_size)}) under {scan.root}?", yes=yes, err=as_json,
-             action="leftovers --delete", look_first="without --delete")  # fmt: skip
-    with _progress() as progress:
-        progress.add_task(f"Removing {_leftovers_count(len(scan.leftovers))}", total=None)
-        removed = remove_leftovers(sink, scan.leftovers, stream, consumer, min_age=min_age)
-    result.update(removed=[item.to_dict() for item in removed], removed_bytes=sum(item.size for item in removed))
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
-    skipped = len(scan.leftovers) - len(removed)
-    console.print(f"Removed {_leftovers_count(len(removed))}, {decimal(result['removed_bytes'])}."
-                  + (f" {skipped} were no longer leftovers (a commit since the scan) or gone: kept." if skipped else ""),
-                  soft_wrap=True, highlight=False)  # fmt: skip
+main.add_command(leftovers)
