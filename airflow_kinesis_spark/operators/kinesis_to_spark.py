@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from functools import cached_property
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 
 from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
@@ -25,15 +21,13 @@ from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.protocol import IncrementalSettings, prepare_incremental, run_incremental
 from airflow_kinesis_spark.core.read_options import READ_BYTES_PER_SECOND, ReadOptions
 from airflow_kinesis_spark.core.retention import DEFAULT_KEEP_BATCHES
-from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
 from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
 from airflow_kinesis_spark.operators.handoff import commit_event
-from airflow_kinesis_spark.settings import deferral_requested, transform_allowed_modules
-from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
+from airflow_kinesis_spark.settings import deferral_requested
+from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin, check_local_output
+from airflow_kinesis_spark.operators.spark_settings import SparkSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
-from airflow_kinesis_spark.hooks.spark import SparkJob
 from airflow_kinesis_spark.hooks.spark_package import spark_script_path
-from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, validate_job_credentials
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
 
 __all__ = ["KinesisToSparkOperator", "refuse_arguments", "spark_script_path"]
@@ -51,49 +45,7 @@ def refuse_arguments(task: str, kwargs: Mapping[str, Any], refused: Sequence[str
         raise TypeError(f"{task} does not take {', '.join(given)}: {why}")
 
 
-def _declared_transforms(task: BaseOperator) -> list[Any] | None:
-    """The transforms the DAG file gives ``task``, read from the DAG's own task object (which
-    rendering never touches): its ``transform`` argument; for a mapped task, its ``partial``
-    value and the literal values of ``expand`` / ``expand_kwargs`` (values of an XComArg are
-    run-time input, so they are not among them). ``None`` when ``task`` is not in a DAG or is the
-    DAG's object itself (an operator executed directly).
-    """
-    if not task.has_dag():
-        return None
-    declared = task.dag.task_dict.get(task.task_id)
-    if declared is None or declared is task:
-        return None
-    expand_input = getattr(declared, "expand_input", None)
-    if expand_input is None:  # a plain task: the DAG's copy holds the value its constructor got
-        return [getattr(declared, "transform", None)]
-    partial = getattr(declared, "partial_kwargs", {})
-    literal = [partial["transform"]] if "transform" in partial else []
-    value = getattr(expand_input, "value", None)
-    if isinstance(value, dict) and isinstance(value.get("transform"), (list, tuple)):  # expand(transform=[...])
-        literal += list(value["transform"])
-    elif isinstance(value, (list, tuple)):  # expand_kwargs([{...}, ...])
-        literal += [item["transform"] for item in value if isinstance(item, dict) and "transform" in item]
-    return literal
-
-
-def _check_local_output(path: str) -> None:
-    """Fail early when a local output path cannot be written (remote paths are Spark's to check)."""
-    parsed = urlparse(path)
-    if parsed.scheme not in ("", "file"):
-        return
-    local = Path(parsed.path if parsed.scheme else path)
-    probe = local
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise ValueError(f"output_path {path!r} cannot be written: {str(probe)!r} is a file, not a directory")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"output_path {path!r} cannot be written: no write permission on {str(probe)!r}")
-
-
-class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
+class KinesisToSparkOperator(SparkSettingsMixin, OutputSettingsMixin, KinesisAwsBaseOperator):
     """Read every shard of a Kinesis stream from its checkpoint to the cutoff into Parquet, exactly once.
 
     One run is one batch of the batch protocol: **plan** (committed checkpoints + shard lineage,
@@ -130,14 +82,11 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         and docs/output.md. A table commit adds the batch's files (one Iceberg snapshot or Delta
         version per batch, recording stream, consumer and batch id) before the checkpoints
         advance; a re-run of a batch already in the table adds nothing.
-    :param transform: optional ``package.module:function`` taking and returning a pyspark
-        DataFrame, applied before the write. **Not templated**: it is code the job runs, so it is
-        written in the DAG file, never taken from run-time input (``dag_run.conf``, ``params``, an
-        XCom). A value the task did not get from its DAG file (a template, an XComArg, a mapped
-        task expanded over run-time values) is refused with ``ValueError``. Its module may not be
-        in Python's standard library and, when the provider's ``[kinesis_spark]
-        transform_allowed_modules`` option lists module prefixes, must be under one of them
-        (checked before anything is imported).
+    :param transform: and ``spark_conn_id``, ``spark_conf``, ``spark_py_files``, ``get_records_limit``,
+        ``min_call_interval``, ``read_bytes_per_second``, ``read_tasks``,
+        ``spark_connect_reuse_session``, ``job_credentials``: where the job runs, how it reads and
+        what it applies before the write: see
+        :class:`~airflow_kinesis_spark.operators.spark_settings.SparkSettingsMixin`.
     :param cutoff: records arriving at or after this time are left for the next batch (ISO 8601 or
         datetime, UTC). Default: the run's ``data_interval_end``; ``now`` for manual runs. Never
         later than the planning time (templated).
@@ -151,44 +100,11 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
     :param max_bytes_per_shard: cap on Kinesis record bytes read per shard per batch, or ``None``.
     :param aws_conn_id: and ``region_name``, ``verify``, ``botocore_config``: the AWS arguments
         (templated but ``botocore_config``; :class:`~airflow_kinesis_spark.hooks.consumer.KinesisAwsBaseOperator`).
-    :param spark_conn_id: the Spark connection: type ``spark`` (spark-submit through the
-        apache-spark provider; ``local[*]`` if the connection does not exist) or ``spark_connect``
-        (the job runs over Spark Connect against a running server: no JVM start per batch).
-    :param spark_conf: extra ``--conf`` of spark-submit (templated, JSON).
-    :param spark_py_files: extra ``--py-files`` (comma-separated), e.g. for the transform's module.
-    :param get_records_limit: ``Limit`` of each GetRecords call, 1..10,000 (Kinesis API reference).
-    :param min_call_interval: seconds between two GetRecords calls on one shard; 0.2 matches the
-        service's 5 calls per second per shard.
-    :param read_bytes_per_second: the per-shard read budget (bytes per second) the readers pace
-        themselves to: after a GetRecords response of B bytes a shard's next call waits
-        B / budget seconds. The default, 2 MiB/s, is the service's per-shard read limit
-        (Kinesis API reference, GetRecords); lower it when other consumers share the shards'
-        budget, or ``None`` for no byte pacing (an emulator without limits).
-    :param read_tasks: Spark tasks that read the shard ranges; each task reads its ranges at the
-        same time, one thread per range. ``None``: Spark's default parallelism (at most one task
-        per range).
-    :param spark_connect_reuse_session: over Spark Connect, keep one server session per
-        consumer across batches (default ``False``: each batch runs in a session of its own,
-        released when the batch ends; it starts its Python workers and uploads the package's
-        code, a zip of about 120 KB, again). Kept, its id is an HMAC of stream and consumer names
-        keyed by a secret of this worker or the connection's ``session_secret`` extra, so no other
-        client can create it first; but the server lists its sessions (event log, UI), and any client of
-        the server can join a kept session between batches and run code in the Python workers
-        that read the next batches with their credentials. Opt in only on a server whose every
-        client you trust (docs/security.md). The server drops a kept session after its idle
-        timeout (``spark.connect.session.manager.defaultSessionTimeout``); a session it no longer
-        accepts is replaced by a new one.
     :param lease_seconds: the lease on a pending batch (seconds, default 60): its holder renews
         it every quarter of this; another run may take the batch over (re-using its plan) only
         after it expired, so a retry after a run that died without a word waits up to this long.
         Keep it below the task's ``retry_delay``; over Spark Connect keep it above the longest
         batch's job (docs/guarantees.md).
-    :param job_credentials: the AWS credentials the Spark job gets: ``scoped`` (default:
-        temporary credentials from STS limited by a session policy to reading this stream; the
-        connection's long-lived keys never leave the worker; see
-        ``KinesisStreamHook.job_credentials``), ``connection`` (the connection's own credentials)
-        or ``none`` (the cluster's own role: instance profile, IRSA, EMR execution role). On YARN
-        and Kubernetes masters none are shipped whatever this says.
     :param point_in_time_recovery: create the checkpoint table with point-in-time recovery
         (billed per GB-month of table size; see docs/iam.md). Tables that exist are left as they are.
     :param deletion_protection: create the checkpoint table with deletion protection (free).
@@ -327,7 +243,6 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         self.point_in_time_recovery = point_in_time_recovery
         self.deletion_protection = deletion_protection
         self.keep_batches = keep_batches
-        self.job_credentials = job_credentials
         self.lease_seconds = lease_seconds
         self.output_asset = output_asset
         if output_asset and (uri := output_uri(output_path)) and not any(getattr(o, "uri", None) == uri for o in self.outlets):
@@ -337,21 +252,18 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         self.consumer_name = consumer_name
         self.checkpoint_table = checkpoint_table
         self.output_path = output_path
-        self.transform = transform
         self.cutoff = cutoff
         self.initial_position = initial_position
         self.initial_timestamp = initial_timestamp
         self.max_records_per_shard = max_records_per_shard
         self.max_bytes_per_shard = max_bytes_per_shard
-        self.spark_conn_id = spark_conn_id
-        self.spark_conf = spark_conf
-        self.spark_py_files = spark_py_files
-        self.get_records_limit = get_records_limit
-        self.min_call_interval = min_call_interval
-        self.read_bytes_per_second = read_bytes_per_second
-        self.read_tasks = read_tasks
-        self.spark_connect_reuse_session = spark_connect_reuse_session
         self.allow_data_loss = allow_data_loss
+        self._init_spark(
+            spark_conn_id=spark_conn_id, spark_conf=spark_conf, spark_py_files=spark_py_files,
+            get_records_limit=get_records_limit, min_call_interval=min_call_interval,
+            read_bytes_per_second=read_bytes_per_second, read_tasks=read_tasks,
+            spark_connect_reuse_session=spark_connect_reuse_session, job_credentials=job_credentials, transform=transform,
+        )  # fmt: skip
 
     # -- validation ----------------------------------------------------------------------------
 
@@ -368,8 +280,6 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None; got {value!r}")
-        self.read_options  # noqa: B018 - builds and checks the reader settings
-        validate_job_credentials(self.job_credentials)
         if not self.lease_seconds or self.lease_seconds <= 0:
             raise ValueError(f"lease_seconds must be > 0 seconds; got {self.lease_seconds!r}")
         if self.initial_position not in INITIAL_POSITIONS:
@@ -378,7 +288,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
             raise ValueError("initial_position='AT_TIMESTAMP' needs initial_timestamp (ISO 8601, UTC)")
         if not self.output_path or not isinstance(self.output_path, str):
             raise ValueError("output_path is required: a directory Spark can write Parquet to")
-        _check_local_output(self.output_path)
+        check_local_output(self.output_path)
         self.validate_output()
         if self.consumer_type not in CONSUMER_TYPES:
             raise ValueError(f"consumer_type must be one of {', '.join(CONSUMER_TYPES)}; got {self.consumer_type!r}")
@@ -389,36 +299,7 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
                     parse_timestamp(value)
                 except (TypeError, ValueError) as err:
                     raise ValueError(f"{name}: {err}") from err
-        if self.transform:
-            self._check_transform()
-
-    def _check_transform(self) -> None:
-        """The transform is the one the DAG file gives this task, and it may be imported: its
-        module is allowed (:func:`transform_allowed_modules`). Without ``spark_py_files`` it is
-        imported here too (after that check); with them the module need not import here, and the
-        job checks it before reading anything.
-
-        :raises ValueError: a template or a run-time value (naming why it is refused), or a spec
-            that is malformed, refused, or (imported here) does not import.
-        """
-        spec = self.transform
-        if not isinstance(spec, str):
-            raise ValueError(f"transform must be a 'package.module:function' string written in the DAG file; got a "
-                             f"{type(spec).__name__}: the code a job runs is never taken from run-time input (an XCom)")  # fmt: skip
-        if "{{" in spec or "{%" in spec:
-            raise ValueError(f"transform {spec!r} is a template, but transform is not templated: the code a job runs "
-                             "comes from the DAG file, never from run-time input (dag_run.conf, params). Write the "
-                             "'package.module:function' itself in the DAG file")  # fmt: skip
-        declared = _declared_transforms(self)
-        if declared is not None and spec not in declared:
-            raise ValueError(f"transform {spec!r} of task {self.task_id!r} is not one its DAG file gives it "
-                             f"({', '.join(map(repr, declared)) or 'none'}): it was set at run time (a subclass that "
-                             "templates transform, or a mapped task expanded over an XCom). The code a job runs comes "
-                             "from the DAG file only")  # fmt: skip
-        allowed = transform_allowed_modules()
-        check_transform_spec(spec, allowed)
-        if not self.spark_py_files:
-            resolve_transform(spec, allowed)
+        self.validate_spark()
 
     # -- the batch -----------------------------------------------------------------------------
 
@@ -528,29 +409,6 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
             summary_budget=self.kinesis_hook.summary_budget,
         )
 
-    @cached_property
-    def read_options(self) -> ReadOptions:
-        """The job's reader settings (validated: :class:`ValueError` names the argument)."""
-        return ReadOptions(
-            limit=self.get_records_limit,
-            min_call_interval=self.min_call_interval,
-            read_bytes_per_second=self.read_bytes_per_second,
-            read_tasks=self.read_tasks,
-        )
-
-    @cached_property
-    def spark_job(self) -> SparkJob:
-        """Where the batch's Spark job runs (the runner for the
-        ``spark_conn_id`` connection, chosen when a job is needed)."""
-        settings = SparkJobSettings(
-            spark_conn_id=self.spark_conn_id, kinesis_hook=self.kinesis_hook, read_options=self.read_options,
-            transform=self.transform, transform_allowed_modules=transform_allowed_modules(),
-            spark_conf=dict(self.spark_conf or {}), py_files=self.spark_py_files,
-            reuse_connect_session=self.spark_connect_reuse_session, job_credentials=self.job_credentials,
-            checkpoint_hook=self.checkpoint_hook if self.checkpoint_table else None,
-        )  # fmt: skip
-        return SparkJob(settings, session_scope=type(self).__name__)
-
     def _cutoff(self, context: Context, now: datetime) -> datetime:
         if self.cutoff:
             return parse_timestamp(self.cutoff)
@@ -560,10 +418,6 @@ class KinesisToSparkOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         if interval_end is None or "manual" in run_type:
             return now
         return parse_timestamp(interval_end)
-
-    def on_kill(self) -> None:
-        if "spark_job" in self.__dict__:
-            self.spark_job.kill()
 
     def _owner(self, context: Context) -> str:
         """A readable, unique writer id for the checkpoint store's fencing."""

@@ -8,21 +8,43 @@ commit of a split task group.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION, RecordSettings
 from airflow_kinesis_spark.sinks import OUTPUT_FORMATS, Sink, build_sink
 
-__all__ = ["OutputSettingsMixin", "OUTPUT_TEMPLATE_FIELDS", "RECORD_ARGUMENTS"]
+__all__ = ["OutputSettingsMixin", "OUTPUT_TEMPLATE_FIELDS", "RECORD_ARGUMENTS", "check_local_output"]
 
 #: Output settings rendered by Jinja.
 OUTPUT_TEMPLATE_FIELDS = ("output_format", "table", "catalog_conn_id", "schema_evolution")
 #: The record settings every batch task takes (``core.records.RecordSettings``), by argument name.
 RECORD_ARGUMENTS = ("record_format", "record_schema", "record_message", "schema_registry", "keep_raw_data",
                     "max_dead_letter_fraction")  # fmt: skip
+
+
+def check_local_output(path: str) -> None:
+    """Fail early when a local output path cannot be written (remote paths are Spark's to check).
+
+    :raises ValueError: a part of the path is a file, or the nearest existing directory is not writable.
+    """
+    parsed = urlparse(path)
+    if parsed.scheme not in ("", "file"):
+        return
+    local = Path(parsed.path if parsed.scheme else path)
+    probe = local
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"output_path {path!r} cannot be written: {str(probe)!r} is a file, not a directory")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"output_path {path!r} cannot be written: no write permission on {str(probe)!r}")
 
 
 class OutputSettingsMixin:
