@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.corrupt import (
     FIX_PENDING,
@@ -41,6 +41,9 @@ from airflow_kinesis_spark.core.corrupt import (
 from airflow_kinesis_spark.core.head import _now
 from airflow_kinesis_spark.core.payloads import _checkpoints_at, _plan_at, _reports_at
 from airflow_kinesis_spark.exceptions import CheckpointStoreCorruptError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
 
 __all__ = [
     "CHUNK_CHARS", "TTL_ATTRIBUTE", "item_key", "batch_prefix", "payload_prefix", "prefix_request", "put_chunks",
@@ -86,7 +89,7 @@ def prefix_request(table_name: str, pk: str, prefix: str) -> dict[str, Any]:
 
 
 def put_chunks(
-    client: Any, table_name: str, pk: str, prefix: str, payload: Any, *, chunk_chars: int = CHUNK_CHARS,
+    client: DynamoDBClient, table_name: str, pk: str, prefix: str, payload: Any, *, chunk_chars: int = CHUNK_CHARS,
     expires_at: int | None = None,
 ) -> None:  # fmt: skip
     """Write ``payload`` as JSON in items of at most ``chunk_chars`` characters under ``prefix``
@@ -105,7 +108,7 @@ def put_chunks(
         client.put_item(TableName=table_name, Item=item)
 
 
-def query_items(client: Any, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+def query_items(client: DynamoDBClient, request: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every item the ``Query`` of ``request`` finds (boto3's ``Query`` paginator)."""
     items: list[dict[str, Any]] = []
     for page in client.get_paginator("query").paginate(**request):

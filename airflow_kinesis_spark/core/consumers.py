@@ -15,12 +15,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.names import parse_stream_arn, stream_name_of
 from airflow_kinesis_spark.core.shards import describe_stream_summary
+
+if TYPE_CHECKING:
+    from mypy_boto3_kinesis import KinesisClient
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ __all__ = ["CONSUMER_TYPES", "ensure_stream_consumer", "deregister_stream_consum
 CONSUMER_TYPES = ("polling", "efo")
 
 
-def stream_arn_of(client: Any, stream: str) -> str:
+def stream_arn_of(client: KinesisClient, stream: str) -> str:
     """The stream's ARN: ``stream`` itself when it is one, else from ``DescribeStreamSummary``."""
     return stream if parse_stream_arn(stream) else describe_stream_summary(client, stream)["StreamARN"]
 
@@ -41,7 +44,7 @@ def _code(err: ClientError) -> str:
 
 
 def ensure_stream_consumer(
-    client: Any, stream: str, consumer_name: str, *, wait_seconds: float = 120.0, poll_seconds: float = 1.0,
+    client: KinesisClient, stream: str, consumer_name: str, *, wait_seconds: float = 120.0, poll_seconds: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:  # fmt: skip
     """Register ``consumer_name`` as a stream consumer of ``stream`` (or reuse it) and wait until
@@ -59,7 +62,7 @@ def ensure_stream_consumer(
     """
     stream_arn = stream_arn_of(client, stream)
     try:
-        description = client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["ConsumerDescription"]
+        description: dict[str, Any] = dict(client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["ConsumerDescription"])
     except ClientError as err:
         if _code(err) != "ResourceNotFoundException":
             raise
@@ -74,7 +77,7 @@ def ensure_stream_consumer(
             raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)} is not ACTIVE after "
                                f"{wait_seconds:g} s (status {description.get('ConsumerStatus')})")  # fmt: skip
         sleep(poll_seconds)
-        description = client.describe_stream_consumer(ConsumerARN=arn)["ConsumerDescription"]
+        description = dict(client.describe_stream_consumer(ConsumerARN=arn)["ConsumerDescription"])
     return arn
 
 
@@ -83,7 +86,7 @@ REGISTER_BACKOFF_MAX_S = 10.0
 
 
 def _register(
-    client: Any, stream: str, stream_arn: str, consumer_name: str, wait_seconds: float, poll_seconds: float,
+    client: KinesisClient, stream: str, stream_arn: str, consumer_name: str, wait_seconds: float, poll_seconds: float,
     sleep: Callable[[float], None],
 ) -> dict[str, Any]:  # fmt: skip
     """``RegisterStreamConsumer``, retried while the service refuses it with ``LimitExceededException``
@@ -103,7 +106,7 @@ def _register(
     attempt = 0
     while True:
         try:
-            description: dict[str, Any] = client.register_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["Consumer"]
+            description: dict[str, Any] = dict(client.register_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["Consumer"])
             log.info("Registered stream consumer %s of stream %s for enhanced fan-out (billed per shard-hour while "
                      "registered; deregister with kinesis-spark deregister-consumer)", consumer_name, stream_name_of(stream))  # fmt: skip
             return description
@@ -130,7 +133,7 @@ def _register(
             attempt += 1
 
 
-def _creating_consumers(client: Any, stream_arn: str) -> list[str] | None:
+def _creating_consumers(client: KinesisClient, stream_arn: str) -> list[str] | None:
     """Names of the stream's consumers in ``CREATING`` (``ListStreamConsumers``, paginated); ``None``
     when the call is refused (the refusal's cause then stays unknown)."""
     try:
@@ -145,7 +148,7 @@ def _count(creating: list[str] | None) -> str:
     return "an unknown number of" if creating is None else str(len(creating))
 
 
-def stream_consumer_arn(client: Any, stream: str, consumer_name: str) -> str | None:
+def stream_consumer_arn(client: KinesisClient, stream: str, consumer_name: str) -> str | None:
     """The ARN of stream consumer ``consumer_name`` of ``stream`` (``DescribeStreamConsumer``), or
     ``None`` when no such consumer is registered. Registers nothing."""
     try:
@@ -157,7 +160,7 @@ def stream_consumer_arn(client: Any, stream: str, consumer_name: str) -> str | N
     return str(description["ConsumerDescription"]["ConsumerARN"])
 
 
-def deregister_stream_consumer(client: Any, stream: str, consumer_name: str) -> bool:
+def deregister_stream_consumer(client: KinesisClient, stream: str, consumer_name: str) -> bool:
     """Deregister the stream consumer ``consumer_name`` of ``stream`` (its billing stops; its
     checkpoints are untouched, and the next EFO run registers it again).
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
 from airflow_kinesis_spark.core.positions import (
@@ -35,6 +35,9 @@ from airflow_kinesis_spark.core.read_options import GET_RECORDS_MAX_LIMIT, MIN_C
 from airflow_kinesis_spark.core.reader import ShardReader
 from airflow_kinesis_spark.core.shards import Shard, ShardLineage, describe_stream_summary, list_shards
 from airflow_kinesis_spark.core.stream_summary import SummaryBudget
+
+if TYPE_CHECKING:
+    from mypy_boto3_kinesis import KinesisClient
 
 __all__ = [
     "ShardLag",
@@ -238,7 +241,7 @@ def known_until(checkpoint: Checkpoint) -> datetime | None:
 
 
 def find_trim_gaps(
-    client: Any, stream_name: str, ranges: Iterable[ShardRange], now: datetime, *, min_call_interval: float = MIN_CALL_INTERVAL_S,
+    client: KinesisClient, stream_name: str, ranges: Iterable[ShardRange], now: datetime, *, min_call_interval: float = MIN_CALL_INTERVAL_S,
     budget: SummaryBudget | None = None,
 ) -> dict[str, str]:
     """Shards whose range starts after a checkpoint that may have fallen behind the trim horizon.
@@ -392,7 +395,7 @@ def backlog_due(summary: Mapping[str, Any], min_records: int | None, min_age_sec
 
 
 def measure_lag(
-    client: Any,
+    client: KinesisClient,
     store: Any,
     *,
     initial_position: str = "TRIM_HORIZON",

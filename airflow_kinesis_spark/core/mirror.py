@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
@@ -27,6 +27,9 @@ from airflow_kinesis_spark.core.chunks import item_key
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.pool import pool_threads
 from airflow_kinesis_spark.core.positions import Checkpoint, format_timestamp
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
 
 # The store's logger, not this module's: see the module docstring.
 log = logging.getLogger("airflow_kinesis_spark.core.store")
@@ -44,7 +47,7 @@ BATCH_WRITE_FIRST_PAUSE = 0.05
 
 
 def mirror_leases(
-    client: Any, table_name: str, pk: str, consumer_name: str, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]
+    client: DynamoDBClient, table_name: str, pk: str, consumer_name: str, plan: BatchPlan, checkpoints: Mapping[str, Checkpoint]
 ) -> None:
     """Write the per-shard KCL-style items of the planned shards. Best effort: never raises.
 
@@ -82,9 +85,9 @@ def mirror_leases(
         puts.append(item)
 
     def write(chunk: list[dict[str, Any]]) -> None:
-        requests = [{"PutRequest": {"Item": item}} for item in chunk]
+        requests: list[Any] = [{"PutRequest": {"Item": item}} for item in chunk]
 
-        def put() -> list[dict[str, Any]]:  # the requests still unprocessed after this call
+        def put() -> list[Any]:  # the requests still unprocessed after this call
             nonlocal requests
             unprocessed = client.batch_write_item(RequestItems={table_name: requests}).get("UnprocessedItems", {})
             requests = unprocessed.get(table_name, [])

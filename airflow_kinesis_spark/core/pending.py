@@ -36,6 +36,7 @@ from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import PendingPlanMismatchError
 
 if TYPE_CHECKING:
+    from mypy_boto3_kinesis import KinesisClient
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
     from airflow_kinesis_spark.sinks import Sink
 
@@ -188,7 +189,7 @@ def _differences(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, set
     return found
 
 
-def check_pending_against_stream(kinesis: Any, plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any, now: datetime) -> None:
+def check_pending_against_stream(kinesis: KinesisClient, plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any, now: datetime) -> None:
     """What a pending plan's check needs the stream for (after :func:`check_pending_plan`): every
     range's shard is a shard of the stream whose parents are at ``SHARD_END`` in the committed
     checkpoints (ORDER); a recorded trim gap is real (the shard's committed checkpoint is behind

@@ -18,11 +18,14 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.pool import CallGate, CallsStopped, GatedClient, pool_threads
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.reader import ShardReader
+
+if TYPE_CHECKING:
+    from mypy_boto3_kinesis import KinesisClient
 
 # The reader's logger, as before the probes left core.reader: a logging configuration that
 # selects the probes' line by its logger's name keeps working.
@@ -53,7 +56,8 @@ def probe_reader(
 
 
 def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
-    """Read at most one Kinesis record of a range (see :func:`probe_reader`) with a boto3 client."""
+    """Read at most one Kinesis record of a range (see :func:`probe_reader`) with a boto3 client, or
+    one caller's view of a shared one (``core.pool.GatedClient``), as :class:`ShardReader` takes."""
     return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]
 
 
@@ -71,7 +75,7 @@ RESUME_ITERATOR_SECONDS = 240.0
 
 
 def probe_ranges(
-    client: Any, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False,
+    client: KinesisClient, stream_name: str, ranges: Sequence[ShardRange], *, until_record: bool = False,
     reuse_iterators: bool = False, **reader_kwargs: Any,
 ) -> list[ShardReport]:  # fmt: skip
     """Probe every range (see :func:`probe_reader`) in parallel

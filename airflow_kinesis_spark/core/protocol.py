@@ -51,7 +51,8 @@ from airflow_kinesis_spark.core.pending import _output_spec, _task_settings, che
 from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcome
 
-if TYPE_CHECKING:  # defined once, in sinks; core does not import sinks at run time
+if TYPE_CHECKING:  # the boto3 stubs (mypy-boto3-kinesis) and Sink (defined once, in sinks): annotations only
+    from mypy_boto3_kinesis import KinesisClient
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
     from airflow_kinesis_spark.sinks import Sink
 
@@ -119,7 +120,7 @@ def _check_consumer_type(consumer_type: str) -> None:
         raise ValueError(f"consumer_type must be one of {', '.join(CONSUMER_TYPES)}; got {consumer_type!r}")
 
 
-def _for_job(kinesis: Any, plan: BatchPlan, *, stream_name: str, consumer_name: str, consumer_type: str,
+def _for_job(kinesis: KinesisClient, plan: BatchPlan, *, stream_name: str, consumer_name: str, consumer_type: str,
              sink: Sink | None) -> BatchPlan:  # fmt: skip
     """``plan`` with what only a plan that is persisted or run needs, resolved now: the output
     spec of ``sink`` (a ``target_file_size`` becomes a rows cap from the table's latest commit: a
@@ -135,7 +136,7 @@ def _for_job(kinesis: Any, plan: BatchPlan, *, stream_name: str, consumer_name: 
 
 
 def run_incremental(
-    kinesis: Any, store: DynamoDBCheckpointStore, job: BatchJob | HandedBatchJob, settings: IncrementalSettings, owner: str,
+    kinesis: KinesisClient, store: DynamoDBCheckpointStore, job: BatchJob | HandedBatchJob, settings: IncrementalSettings, owner: str,
     *, now: datetime | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One incremental batch of one (stream, consumer), exactly once.
@@ -227,7 +228,7 @@ class PreparedBatch:
 
 
 def prepare_incremental(
-    kinesis: Any, store: DynamoDBCheckpointStore, settings: IncrementalSettings, owner: str, *, now: datetime | None = None
+    kinesis: KinesisClient, store: DynamoDBCheckpointStore, settings: IncrementalSettings, owner: str, *, now: datetime | None = None
 ) -> PreparedBatch:
     """Everything of an incremental run before its job: the plan task of a split task group.
 
@@ -361,7 +362,7 @@ def commit_handed(
 
 
 def plan_batch(
-    kinesis: Any, store: DynamoDBCheckpointStore, settings: IncrementalSettings, batch_id: int, now: datetime, *, head: Any = None
+    kinesis: KinesisClient, store: DynamoDBCheckpointStore, settings: IncrementalSettings, batch_id: int, now: datetime, *, head: Any = None
 ) -> BatchPlan:
     """Plan batch ``batch_id`` from the committed checkpoints and the shard lineage; nothing persisted.
 
@@ -412,7 +413,7 @@ def _gap_detail(gaps: Mapping[str, str]) -> str:
     return "; ".join(f"{k}: {v}" for k, v in sorted(gaps.items()))
 
 
-def _pending_plan_gaps(kinesis: Any, store: DynamoDBCheckpointStore, plan: BatchPlan, settings: IncrementalSettings, owner: str, now: datetime) -> bool:
+def _pending_plan_gaps(kinesis: KinesisClient, store: DynamoDBCheckpointStore, plan: BatchPlan, settings: IncrementalSettings, owner: str, now: datetime) -> bool:
     """Check a pending plan's start positions against the trim horizon before it is re-used.
 
     A batch left pending for longer than the stream's retention period starts after checkpoints
@@ -517,7 +518,7 @@ def check_dead_letters(plan: BatchPlan, reports: Sequence[ShardReport]) -> None:
     )  # fmt: skip
 
 
-def _probe_batch(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings) -> list[ShardReport]:
+def _probe_batch(kinesis: KinesisClient, plan: BatchPlan, settings: IncrementalSettings) -> list[ShardReport]:
     """Probe the batch's ranges up to the first user record (the job then reads every range, and
     the other probes would tell nothing more).
 
@@ -543,7 +544,7 @@ def _probe_batch(kinesis: Any, plan: BatchPlan, settings: IncrementalSettings) -
 
 
 def _commit_without_records(
-    kinesis: Any, store: DynamoDBCheckpointStore, plan: BatchPlan, probes: list[ShardReport], owner: str, settings: IncrementalSettings
+    kinesis: KinesisClient, store: DynamoDBCheckpointStore, plan: BatchPlan, probes: list[ShardReport], owner: str, settings: IncrementalSettings
 ) -> dict[str, Any]:
     """No planned range has a record: no job. Commit only when a checkpoint must be recorded:
     a new shard's starting position, a shard's end, or (at most every :data:`IDLE_REFRESH`) that

@@ -38,7 +38,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.record_schemas import (
     is_repeated,
@@ -47,6 +47,10 @@ from airflow_kinesis_spark.core.record_schemas import (
     schema_type,
     spark_compatible,
 )
+
+if TYPE_CHECKING:
+    from mypy_boto3_glue import GlueClient
+    from mypy_boto3_glue.type_defs import SchemaIdTypeDef
 
 __all__ = [
     "RECORD_FORMATS",
@@ -170,7 +174,7 @@ class RecordSettings:
 
 # -- the registry ------------------------------------------------------------------------------
 
-def resolve_registry(glue: Any, settings: RecordSettings) -> dict[str, Any]:
+def resolve_registry(glue: GlueClient, settings: RecordSettings) -> dict[str, Any]:
     """The registry schema's versions, for a plan: ``settings.to_dict()`` plus ``"versions"``,
     ``{version id: {"number": int, "data_format": "JSON"|"AVRO", "definition": str}}``.
 
@@ -190,7 +194,7 @@ def resolve_registry(glue: Any, settings: RecordSettings) -> dict[str, Any]:
     if not settings.registry:
         return settings.to_dict()
     given = dict(settings.registry)
-    schema_id = {"SchemaArn": given["schema_arn"]} if "schema_arn" in given else {
+    schema_id: SchemaIdTypeDef = {"SchemaArn": given["schema_arn"]} if "schema_arn" in given else {
         "RegistryName": given["registry_name"], "SchemaName": given["schema_name"]}  # fmt: skip
     described = glue.get_schema(SchemaId=schema_id)
     name = described.get("SchemaArn") or schema_id

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from airflow_kinesis_spark.core.chunks import TTL_ATTRIBUTE, batch_prefix
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
 
 # The store's logger, not this module's: see the module docstring.
 log = logging.getLogger("airflow_kinesis_spark.core.store")
@@ -32,7 +35,7 @@ __all__ = ["DEFAULT_KEEP_BATCHES", "expire_old_batches"]
 DEFAULT_KEEP_BATCHES = 100
 
 
-def expire_old_batches(client: Any, table_name: str, pk: str, keep_batches: int, committed_batch_id: int) -> int:
+def expire_old_batches(client: DynamoDBClient, table_name: str, pk: str, keep_batches: int, committed_batch_id: int) -> int:
     """Mark the chunk items of every batch ``<= committed_batch_id - keep_batches`` to expire.
 
     One ``Query`` (boto3 paginator) over the batch-log keys of ``pk`` (one stream and consumer) up

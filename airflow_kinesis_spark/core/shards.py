@@ -20,6 +20,7 @@ from airflow_kinesis_spark.core.positions import Checkpoint, parse_sequence_numb
 from airflow_kinesis_spark.exceptions import StreamAccessDeniedError, StreamNotFoundError
 
 if TYPE_CHECKING:
+    from mypy_boto3_kinesis import KinesisClient
     from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Shard:
         return self.ending_sequence_number is None or value <= int(self.ending_sequence_number)
 
 
-def raise_for_stream(err: ClientError, stream_name: str, client: Any) -> NoReturn:
+def raise_for_stream(err: ClientError, stream_name: str, client: KinesisClient) -> NoReturn:
     """Raise what a Kinesis call's error on ``stream_name`` (a name or ARN) means:
     :class:`StreamNotFoundError` (from ``err``) for ``ResourceNotFoundException``,
     :class:`StreamAccessDeniedError` for ``AccessDeniedException`` (naming the stream's account
@@ -140,7 +141,7 @@ class ListShardsPager:
         else:
             self.request = {"NextToken": token, **(stream_params(self.stream_name) if self._name_with_token else {})}
 
-    def refused(self, err: ClientError, client: Any) -> None:
+    def refused(self, err: ClientError, client: KinesisClient) -> None:
         """Take the error of :attr:`request`: a token sent alone and refused as ``InvalidToken``
         is sent again with the stream's name (the moto workaround); otherwise raise.
 
@@ -158,7 +159,7 @@ class ListShardsPager:
         raise_for_stream(err, self.stream_name, client)
 
 
-def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> list[Shard]:
+def list_shards(client: KinesisClient, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> list[Shard]:
     """List every shard of a stream (open and closed, within the retention period).
 
     Pages through ``ListShards`` (at most 1,000 shards a page, Kinesis API reference) as
@@ -186,7 +187,7 @@ def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] |
 
 
 def describe_stream_summary(
-    client: Any, stream_name: str, *, budget: SummaryBudget | None = None, max_age: float = 0.0
+    client: KinesisClient, stream_name: str, *, budget: SummaryBudget | None = None, max_age: float = 0.0
 ) -> dict[str, Any]:
     """``DescribeStreamSummary``'s ``StreamDescriptionSummary``: status, retention period (hours),
     open shard count (boto3 client).
@@ -211,12 +212,12 @@ def describe_stream_summary(
             if summary is not None:
                 return summary
     try:
-        summary = client.describe_stream_summary(**stream_params(stream_name))["StreamDescriptionSummary"]
+        answer: dict[str, Any] = dict(client.describe_stream_summary(**stream_params(stream_name))["StreamDescriptionSummary"])
     except ClientError as err:
         raise_for_stream(err, stream_name, client)
     if budget is not None:
-        budget.remember(client, stream_name, summary)
-    return summary
+        budget.remember(client, stream_name, answer)
+    return answer
 
 
 class ShardLineage:

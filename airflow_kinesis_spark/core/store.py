@@ -75,7 +75,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.chunks import (
     _KIND_WORDS,
@@ -100,6 +100,9 @@ from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.retention import DEFAULT_KEEP_BATCHES, expire_old_batches
 from airflow_kinesis_spark.core.store_setup import BACKUPS_RETRY_SECONDS, ensure_table
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, CheckpointStoreCorruptError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
 
 # CHUNK_CHARS and BACKUPS_RETRY_SECONDS are looked up in this module at each call and passed on
 # (``_put_chunks``, ``ensure_table``): tests patch them here.
@@ -160,7 +163,7 @@ class DynamoDBCheckpointStore(LeaseHolding):
 
     def __init__(
         self,
-        client: Any,
+        client: DynamoDBClient,
         table_name: str,
         stream_name: str,
         consumer_name: str,

@@ -22,12 +22,15 @@ import logging
 import math
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from airflow_kinesis_spark.core.chunks import TTL_ATTRIBUTE
 from airflow_kinesis_spark.core.head import _now
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
 
 # The store's logger, not this module's: see the module docstring.
 log = logging.getLogger("airflow_kinesis_spark.core.store")
@@ -57,7 +60,7 @@ def _error_code(err: Exception) -> str:
 
 
 def ensure_table(
-    client: Any, table_name: str, pk: str, stream_name: str, consumer_name: str, *, deletion_protection: bool,
+    client: DynamoDBClient, table_name: str, pk: str, stream_name: str, consumer_name: str, *, deletion_protection: bool,
     point_in_time_recovery: bool, wait_seconds: float = 120.0, backups_retry_seconds: float = BACKUPS_RETRY_SECONDS,
 ) -> None:  # fmt: skip
     """Create the table if it does not exist, enable its TTL on ``expires_at`` (the batch log's
@@ -108,9 +111,9 @@ def ensure_table(
         from botocore.exceptions import WaiterError
 
         try:
-            client.get_waiter("table_exists").wait(
-                TableName=table_name, WaiterConfig={"Delay": TABLE_WAIT_DELAY, "MaxAttempts": max(1, math.ceil(wait_seconds / TABLE_WAIT_DELAY))},
-            )  # fmt: skip
+            # botocore sleeps a fractional Delay as given; its service model (and so the stubs) says integer
+            config: Any = {"Delay": TABLE_WAIT_DELAY, "MaxAttempts": max(1, math.ceil(wait_seconds / TABLE_WAIT_DELAY))}
+            client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig=config)
         except WaiterError as err:
             raise TimeoutError(f"checkpoint table {table_name} not ACTIVE after {wait_seconds}s ({err})") from err
         table = client.describe_table(TableName=table_name)["Table"]
@@ -137,7 +140,7 @@ def ensure_table(
 
 
 def enable_point_in_time_recovery(
-    client: Any, table_name: str, wait_seconds: float, *, retry_seconds: float = BACKUPS_RETRY_SECONDS
+    client: DynamoDBClient, table_name: str, wait_seconds: float, *, retry_seconds: float = BACKUPS_RETRY_SECONDS
 ) -> None:
     """Turn on point-in-time recovery of ``table_name``, a table the store just created.
 
@@ -172,7 +175,7 @@ def enable_point_in_time_recovery(
     )  # fmt: skip
 
 
-def log_protection(client: Any, table_name: str, table: Mapping[str, Any]) -> None:
+def log_protection(client: DynamoDBClient, table_name: str, table: Mapping[str, Any]) -> None:
     """Log, at INFO and once per process and table, how a table this store did not create is protected.
 
     Deletion protection comes from the ``DescribeTable`` answer at hand (``table``);
@@ -201,7 +204,7 @@ def log_protection(client: Any, table_name: str, table: Mapping[str, Any]) -> No
     )  # fmt: skip
 
 
-def ensure_ttl(client: Any, table_name: str) -> None:
+def ensure_ttl(client: DynamoDBClient, table_name: str) -> None:
     """Enable the TTL of table ``table_name`` on :data:`TTL_ATTRIBUTE` unless it is on already.
 
     ``DescribeTimeToLive`` first; ``UpdateTimeToLive`` only when TTL is ``DISABLED`` (a new

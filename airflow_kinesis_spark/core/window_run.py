@@ -35,7 +35,8 @@ from airflow_kinesis_spark.core.window import derive_slices, plan_window, valida
 from airflow_kinesis_spark.core.window_position import check_window_position
 from airflow_kinesis_spark.exceptions import ReportNotRecordedError
 
-if TYPE_CHECKING:  # defined once, in sinks; core does not import sinks at run time
+if TYPE_CHECKING:  # the boto3 stubs (mypy-boto3-kinesis) and Sink (defined once, in sinks): annotations only
+    from mypy_boto3_kinesis import KinesisClient
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
     from airflow_kinesis_spark.sinks import Sink
 
@@ -79,7 +80,7 @@ class WindowSettings:
 
 
 def run_window(
-    kinesis: Any, job: BatchJob | HandedBatchJob, settings: WindowSettings, *, now: datetime | None = None,
+    kinesis: KinesisClient, job: BatchJob | HandedBatchJob, settings: WindowSettings, *, now: datetime | None = None,
     store: DynamoDBCheckpointStore | None = None, owner: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Read the window ``[start, end)`` of a stream by arrival time (backfill); checkpoints untouched.
