@@ -21,6 +21,7 @@ from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.names import parse_stream_arn, stream_name_of
 from airflow_kinesis_spark.core.shards import describe_stream_summary
+from airflow_kinesis_spark.core.stream_summary import ARN_MAX_AGE_S, SummaryBudget
 
 if TYPE_CHECKING:
     from mypy_boto3_kinesis import KinesisClient
@@ -34,9 +35,16 @@ __all__ = ["CONSUMER_TYPES", "ensure_stream_consumer", "deregister_stream_consum
 CONSUMER_TYPES = ("polling", "efo")
 
 
-def stream_arn_of(client: KinesisClient, stream: str) -> str:
-    """The stream's ARN: ``stream`` itself when it is one, else from ``DescribeStreamSummary``."""
-    return stream if parse_stream_arn(stream) else describe_stream_summary(client, stream)["StreamARN"]
+def stream_arn_of(client: KinesisClient, stream: str, *, budget: SummaryBudget | None = None) -> str:
+    """The stream's ARN: ``stream`` itself when it is one, else from ``DescribeStreamSummary``.
+
+    :param budget: the host's ``DescribeStreamSummary`` budget (``core.stream_summary``): a summary
+        of the stream in the host's cache answers (up to :data:`ARN_MAX_AGE_S` old: the ARN never
+        changes), else the call waits for its slot of the host's pacer; ``None``: one call, unpaced.
+    """
+    if parse_stream_arn(stream):
+        return stream
+    return str(describe_stream_summary(client, stream, budget=budget, max_age=ARN_MAX_AGE_S)["StreamARN"])
 
 
 def _code(err: ClientError) -> str:
@@ -45,7 +53,7 @@ def _code(err: ClientError) -> str:
 
 def ensure_stream_consumer(
     client: KinesisClient, stream: str, consumer_name: str, *, wait_seconds: float = 120.0, poll_seconds: float = 1.0,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = time.sleep, budget: SummaryBudget | None = None,
 ) -> str:  # fmt: skip
     """Register ``consumer_name`` as a stream consumer of ``stream`` (or reuse it) and wait until
     it is ``ACTIVE`` (registration takes seconds; Kinesis API reference, RegisterStreamConsumer).
@@ -54,13 +62,14 @@ def ensure_stream_consumer(
     for a consumer not registered yet, ``RegisterStreamConsumer``; then ``DescribeStreamConsumer``
     every ``poll_seconds`` while it is ``CREATING``.
 
+    :param budget: the host's ``DescribeStreamSummary`` budget for the stream's ARN (:func:`stream_arn_of`).
     :returns: the consumer's ARN (what ``SubscribeToShard`` takes).
     :raises RuntimeError: the consumer is being deleted, or not ACTIVE within ``wait_seconds``.
     :raises StreamNotFoundError: the stream does not exist.
     :raises botocore.exceptions.ClientError: another error (e.g. the stream's limit of 20
         registered consumers: ``LimitExceededException``).
     """
-    stream_arn = stream_arn_of(client, stream)
+    stream_arn = stream_arn_of(client, stream, budget=budget)
     try:
         description: dict[str, Any] = dict(client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["ConsumerDescription"])
     except ClientError as err:
@@ -148,11 +157,12 @@ def _count(creating: list[str] | None) -> str:
     return "an unknown number of" if creating is None else str(len(creating))
 
 
-def stream_consumer_arn(client: KinesisClient, stream: str, consumer_name: str) -> str | None:
+def stream_consumer_arn(client: KinesisClient, stream: str, consumer_name: str, *, budget: SummaryBudget | None = None) -> str | None:
     """The ARN of stream consumer ``consumer_name`` of ``stream`` (``DescribeStreamConsumer``), or
-    ``None`` when no such consumer is registered. Registers nothing."""
+    ``None`` when no such consumer is registered. Registers nothing. ``budget``: as :func:`stream_arn_of`."""
     try:
-        description = client.describe_stream_consumer(StreamARN=stream_arn_of(client, stream), ConsumerName=consumer_name)
+        description = client.describe_stream_consumer(StreamARN=stream_arn_of(client, stream, budget=budget),
+                                                      ConsumerName=consumer_name)  # fmt: skip
     except ClientError as err:
         if _code(err) == "ResourceNotFoundException":
             return None
@@ -160,13 +170,14 @@ def stream_consumer_arn(client: KinesisClient, stream: str, consumer_name: str) 
     return str(description["ConsumerDescription"]["ConsumerARN"])
 
 
-def deregister_stream_consumer(client: KinesisClient, stream: str, consumer_name: str) -> bool:
+def deregister_stream_consumer(client: KinesisClient, stream: str, consumer_name: str, *, budget: SummaryBudget | None = None) -> bool:
     """Deregister the stream consumer ``consumer_name`` of ``stream`` (its billing stops; its
-    checkpoints are untouched, and the next EFO run registers it again).
+    checkpoints are untouched, and the next EFO run registers it again). ``budget``: as
+    :func:`stream_arn_of`.
 
     :returns: whether a consumer was registered (and is now being deregistered).
     """
-    stream_arn = stream_arn_of(client, stream)
+    stream_arn = stream_arn_of(client, stream, budget=budget)
     try:
         client.deregister_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)
     except ClientError as err:

@@ -215,11 +215,12 @@ def check_pending_against_stream(kinesis: KinesisClient, plan: BatchPlan, head: 
     gapped = [replace(r, start_checkpoint=committed[r.shard_id], start=StartPosition.after(committed[r.shard_id]))
               for r in plan.ranges if r.shard_id in plan.trim_gaps and r.shard_id in committed]  # fmt: skip
     if gapped:
-        real = find_trim_gaps(kinesis, plan.stream_name, gapped, now, min_call_interval=settings.min_call_interval)
+        real = find_trim_gaps(kinesis, plan.stream_name, gapped, now, min_call_interval=settings.min_call_interval,
+                              budget=settings.summary_budget)  # fmt: skip
         found += [(f"shard {r.shard_id}", f"shard {r.shard_id}: the plan records a trim gap, but its committed checkpoint "
                    f"{r.start_checkpoint} is not behind the stream's trim horizon") for r in gapped if r.shard_id not in real]  # fmt: skip
     if plan.consumer_arn:
-        arn = stream_consumer_arn(kinesis, settings.stream_name, settings.consumer_name)
+        arn = stream_consumer_arn(kinesis, settings.stream_name, settings.consumer_name, budget=settings.summary_budget)
         if plan.consumer_arn != arn:
             found.append(("consumer ARN", f"consumer ARN: the plan has {plan.consumer_arn!r}, stream consumer "
                           f"{settings.consumer_name!r} of this stream is {arn!r}"))  # fmt: skip

@@ -62,6 +62,9 @@ DEFAULT_CALLS_PER_SECOND = 10.0
 STATUS_MAX_AGE_S = 5.0
 #: How old a stream's retention period may be for the retention guard (seconds).
 RETENTION_MAX_AGE_S = 300.0
+#: How old a summary may be for its ``StreamARN`` (seconds): a stream's name, account and region
+#: fix its ARN (Kinesis API reference, ARN format), so any summary kept in the state file will do.
+ARN_MAX_AGE_S = 3600.0
 #: Summaries older than this are dropped from the state file (seconds).
 _KEEP_S = 3600.0
 #: A pacer slot further ahead than this is not from this boot (the monotonic clock restarted): reset.

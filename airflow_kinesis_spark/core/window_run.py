@@ -140,7 +140,8 @@ def run_window(
     found = any(r.records or r.quarantined for r in probes)  # else every range was probed: the probes are the reports
     if found:
         plan = _for_job(kinesis, plan, stream_name=settings.stream_name, consumer_name=settings.consumer_name,
-                        consumer_type=settings.consumer_type, sink=settings.sink)
+                        consumer_type=settings.consumer_type, sink=settings.sink,
+                        summary_budget=settings.summary_budget)
     if found and settings.sink is not None:
         settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)
     if found and store is not None and hands_off(job):

@@ -182,7 +182,8 @@ class KinesisDeregisterStreamConsumerOperator(KinesisAwsBaseOperator):
         self.consumer_name = consumer_name
 
     def execute(self, context: Context) -> dict[str, Any]:
-        existed = deregister_stream_consumer(self.kinesis_hook.conn, self.stream_name, self.consumer_name)
+        existed = deregister_stream_consumer(self.kinesis_hook.conn, self.stream_name, self.consumer_name,
+                                             budget=self.kinesis_hook.summary_budget)  # fmt: skip
         self.log.info("Stream consumer %s of %s: %s", self.consumer_name, self.stream_name,
                       "deregistered" if existed else "was not registered")  # fmt: skip
         return {"stream": self.stream_name, "consumer_name": self.consumer_name, "deregistered": existed}

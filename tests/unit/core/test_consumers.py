@@ -125,3 +125,47 @@ def test_a_consumer_creating_is_waited_for_until_active(in_use):
 def test_a_consumer_still_creating_at_the_deadline_says_so():
     with pytest.raises(RuntimeError, match=r"is not ACTIVE after 0 s \(status CREATING\)"):
         ensure_stream_consumer(CreatingConsumer(polls=100), ARN, "lake", wait_seconds=0, sleep=lambda s: None)
+
+
+class SummaryCounting(FakeKinesis):
+    """A registered, ACTIVE consumer; counts ``DescribeStreamSummary`` (the stream's ARN by name)."""
+
+    meta = type("Meta", (), {"endpoint_url": "https://kinesis.eu-west-1.amazonaws.com", "region_name": "eu-west-1"})()
+
+    def __init__(self) -> None:
+        super().__init__(refusals=0, creating=0)
+
+    def describe_stream_summary(self, **kwargs):
+        self.calls.append("DescribeStreamSummary")
+        return {"StreamDescriptionSummary": {"StreamName": kwargs["StreamName"], "StreamARN": ARN, "StreamStatus": "ACTIVE",
+                                             "RetentionPeriodHours": 24, "OpenShardCount": 1}}  # fmt: skip
+
+    def describe_stream_consumer(self, **kwargs):
+        self.calls.append("DescribeStreamConsumer")
+        assert kwargs.get("StreamARN", ARN) == ARN
+        return {"ConsumerDescription": {"ConsumerARN": f"{ARN}/consumer/lake:1", "ConsumerStatus": "ACTIVE"}}
+
+    def deregister_stream_consumer(self, **kwargs):
+        self.calls.append("DeregisterStreamConsumer")
+
+
+def test_the_stream_arn_of_a_stream_name_goes_through_the_hosts_describe_stream_summary_budget(tmp_path):
+    """Registering (each EFO batch's plan), checking a pending plan's consumer and deregistering
+    look the stream's ARN up with DescribeStreamSummary. With the host's budget, the first call is
+    paced and the answer cached: the others make no call (the ARN of a name never changes).
+    Without one, each makes its own call, as before."""
+    from airflow_kinesis_spark.core.consumers import deregister_stream_consumer, stream_consumer_arn
+    from airflow_kinesis_spark.core.stream_summary import SummaryBudget
+
+    budget = SummaryBudget(state_dir=str(tmp_path))
+    kinesis = SummaryCounting()
+    assert ensure_stream_consumer(kinesis, "clicks", "lake", sleep=lambda s: None, budget=budget) == f"{ARN}/consumer/lake:1"
+    assert ensure_stream_consumer(kinesis, "clicks", "lake", sleep=lambda s: None, budget=budget) == f"{ARN}/consumer/lake:1"
+    assert stream_consumer_arn(kinesis, "clicks", "lake", budget=budget) == f"{ARN}/consumer/lake:1"
+    assert deregister_stream_consumer(kinesis, "clicks", "lake", budget=budget) is True
+    assert kinesis.calls.count("DescribeStreamSummary") == 1, kinesis.calls
+
+    unpaced = SummaryCounting()
+    ensure_stream_consumer(unpaced, "clicks", "lake", sleep=lambda s: None)
+    ensure_stream_consumer(unpaced, "clicks", "lake", sleep=lambda s: None)
+    assert unpaced.calls.count("DescribeStreamSummary") == 2
