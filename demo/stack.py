@@ -63,13 +63,22 @@ def moto_server(port: int | None = None) -> Iterator[str]:
         yield url
 
 
+def kinesalite_binary(binary: str | None = None) -> str:
+    """The kinesalite executable: ``binary``, else ``KINESALITE_BIN``, else ``make kinesalite``'s.
+
+    :raises RuntimeError: it is not there (names the path and how to install it).
+    """
+    binary = binary or os.environ.get("KINESALITE_BIN") or str(ROOT / ".cache/node/node_modules/.bin/kinesalite")
+    if not Path(binary).exists():
+        raise RuntimeError(f"kinesalite not installed at {binary}: run 'make kinesalite' or set KINESALITE_BIN")
+    return binary
+
+
 @contextmanager
 def kinesalite_server(binary: str | None = None, shard_limit: int = 200) -> Iterator[str]:
     """kinesalite (npm) on a free port of 127.0.0.1, with fast stream state changes and at most
     ``shard_limit`` shards in all (kinesalite's own default is 10); yields its endpoint."""
-    binary = binary or os.environ.get("KINESALITE_BIN") or str(ROOT / ".cache/node/node_modules/.bin/kinesalite")
-    if not Path(binary).exists():
-        raise RuntimeError(f"kinesalite not installed at {binary}: run 'make kinesalite' or set KINESALITE_BIN")
+    binary = kinesalite_binary(binary)
     port = free_port()
     command = [binary, "--port", str(port), "--createStreamMs", "5", "--deleteStreamMs", "5",
                "--updateStreamMs", "5", "--shardLimit", str(shard_limit)]  # fmt: skip
