@@ -54,6 +54,7 @@ from airflow_kinesis_spark.core.summaries import incremental_summary, log_outcom
 if TYPE_CHECKING:  # the boto3 stubs (mypy-boto3-kinesis) and Sink (defined once, in sinks): annotations only
     from mypy_boto3_kinesis import KinesisClient
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+    from airflow_kinesis_spark.core.window_run import WindowSettings
     from airflow_kinesis_spark.sinks import Sink
 
 log = logging.getLogger(__name__)
@@ -120,16 +121,16 @@ def _check_consumer_type(consumer_type: str) -> None:
         raise ValueError(f"consumer_type must be one of {', '.join(CONSUMER_TYPES)}; got {consumer_type!r}")
 
 
-def _for_job(kinesis: KinesisClient, plan: BatchPlan, *, stream_name: str, consumer_name: str, consumer_type: str,
-             sink: Sink | None, summary_budget: SummaryBudget | None) -> BatchPlan:  # fmt: skip
+def _for_job(kinesis: KinesisClient, plan: BatchPlan, settings: IncrementalSettings | WindowSettings) -> BatchPlan:
     """``plan`` with what only a plan that is persisted or run needs, resolved now: the output
-    spec of ``sink`` (a ``target_file_size`` becomes a rows cap from the table's latest commit: a
-    catalog call) and, for ``consumer_type`` ``efo``, the stream consumer (registered or reused,
-    waited for until ACTIVE; the stream's ARN through ``summary_budget``); without the stored shard iterators the probes used
-    (``BatchPlan.without_resume_iterators``). A run that finds no new records makes neither call.
-    Used by both entry points (this module's and ``core.window_run``'s)."""
-    arn = ensure_stream_consumer(kinesis, stream_name, consumer_name, budget=summary_budget) if consumer_type == "efo" else None
-    return replace(plan.without_resume_iterators(), output=_output_spec(sink, planning=True), consumer_arn=arn)
+    spec (a ``target_file_size`` becomes a rows cap from the table's latest commit: a catalog
+    call) and, for ``efo``, the stream consumer (registered or reused, waited for until ACTIVE;
+    the stream's ARN through the settings' ``summary_budget``); without the stored shard iterators
+    the probes used (``BatchPlan.without_resume_iterators``). A run that finds no new records makes
+    neither call. Used by both entry points (this module's and ``core.window_run``'s)."""
+    arn = (ensure_stream_consumer(kinesis, settings.stream_name, settings.consumer_name, budget=settings.summary_budget)
+           if settings.consumer_type == "efo" else None)  # fmt: skip
+    return replace(plan.without_resume_iterators(), output=_output_spec(settings.sink, planning=True), consumer_arn=arn)
 
 
 # -- incremental -------------------------------------------------------------------------------
@@ -280,9 +281,7 @@ def prepare_incremental(
     probes = _probe_batch(kinesis, plan, settings)
     if not any(r.records or r.quarantined for r in probes):  # no record: every range was probed
         return PreparedBatch(summary=_commit_without_records(kinesis, store, plan, probes, owner, settings))
-    plan = _for_job(kinesis, plan, stream_name=settings.stream_name, consumer_name=settings.consumer_name,
-                    consumer_type=settings.consumer_type, sink=settings.sink,
-                    summary_budget=settings.summary_budget)
+    plan = _for_job(kinesis, plan, settings)
     if settings.sink is not None:
         settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)  # the first batch with records records the owner
     store.begin(plan, owner)
@@ -563,9 +562,7 @@ def _commit_without_records(
         "idle shards seen empty up to the cutoff: %s)",
         new_shards, newly_ended, stale,
     )  # fmt: skip
-    plan = _for_job(kinesis, plan, stream_name=settings.stream_name, consumer_name=settings.consumer_name,
-                    consumer_type=settings.consumer_type, sink=settings.sink,
-                    summary_budget=settings.summary_budget)  # persisted: a crash before the commit leaves it pending, to be compared
+    plan = _for_job(kinesis, plan, settings)  # persisted: a crash before the commit leaves it pending, to be compared
     store.begin(plan, owner)
     store.commit(plan, checkpoints, owner)
     return incremental_summary(plan, probes, checkpoints, "committed_without_records", reused=False, sink=settings.sink)

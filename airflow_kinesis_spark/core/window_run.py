@@ -138,10 +138,7 @@ def run_window(
     probes = probe_ranges(kinesis, plan.stream_name, plan.ranges, min_call_interval=settings.min_call_interval, until_record=True)
     log_probes(probes, len(plan.ranges))
     found = any(r.records or r.quarantined for r in probes)  # else every range was probed: the probes are the reports
-    if found:
-        plan = _for_job(kinesis, plan, stream_name=settings.stream_name, consumer_name=settings.consumer_name,
-                        consumer_type=settings.consumer_type, sink=settings.sink,
-                        summary_budget=settings.summary_budget)
+    plan = _for_job(kinesis, plan, settings) if found else plan
     if found and settings.sink is not None:
         settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)
     if found and store is not None and hands_off(job):

@@ -34,7 +34,6 @@ def imports(path: Path, *, top_level_only: bool) -> list[tuple[int, str]]:
     """``(line, imported module)`` of ``path``, leaving out ``if TYPE_CHECKING:`` blocks (and, with
     ``top_level_only``, everything inside a function)."""
     found: list[tuple[int, str]] = []
-    this = module_name(path)
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
@@ -50,10 +49,8 @@ def imports(path: Path, *, top_level_only: bool) -> list[tuple[int, str]]:
         if isinstance(child, ast.Import):
             found.extend((child.lineno, alias.name) for alias in child.names)
         elif isinstance(child, ast.ImportFrom):
+            assert not child.level, f"{path}:{child.lineno}: a relative import; the package imports by absolute name"
             base = child.module or ""
-            if child.level:  # relative: resolve against this module's package
-                package = this.split(".")[: len(this.split(".")) - child.level + (1 if path.name == "__init__.py" else 0)]
-                base = ".".join([*package, base] if base else package)
             found.append((child.lineno, base))
             for alias in child.names:  # "from package import module"
                 found.append((child.lineno, f"{base}.{alias.name}"))
