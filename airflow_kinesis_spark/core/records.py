@@ -7,8 +7,9 @@
   ``type``, ``properties``, ``items``, ``required``, ``format`` ``date-time``/``date``) or a
   Spark DDL string (``"id bigint, tags array<string>"``). Decoded with pyarrow's JSON reader,
   which is strict: a field of another JSON type fails the record, never coerces it.
-* ``avro``: Avro binary encoding of one datum, no container file (the schema's JSON; decoded
-  with fastavro's ``schemaless_reader``).
+* ``avro``: Avro binary encoding of one datum, no container file (the schema's JSON; decoded a
+  page at a time by polars' Avro reader where polars is installed, else and for any page it does
+  not take whole by fastavro's ``schemaless_reader``).
 * ``protobuf``: one serialized message; the schema is a ``FileDescriptorSet`` (serialized, base64)
   and the message's full name (``protoc --include_imports --descriptor_set_out``).
 
