@@ -34,11 +34,10 @@ from datetime import date, datetime, timezone
 from typing import Any
 from urllib.parse import unquote
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
-
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.exceptions import TableCommitError
 from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, Sink, TableCommit, plan_marker
+from airflow_kinesis_spark.sinks.conflicts import retry_on_conflict
 from airflow_kinesis_spark.sinks.files import DataFile, filesystem, list_data_files, read_schema, table_uri
 
 log = logging.getLogger(__name__)
@@ -51,8 +50,6 @@ DEFAULT_PARTITION = (ARRIVAL_DATE,)
 
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
-#: Attempts of a commit that conflicts with a concurrent writer's (each on the reloaded table).
-COMMIT_ATTEMPTS = 5
 #: Commits of the table's history searched for a batch's own commit when its transaction says the
 #: batch is in the table (a re-run comes soon after the table commit it repeats).
 HISTORY_DEPTH = 200
@@ -158,7 +155,7 @@ class DeltaSink(Sink):
     def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
         """Commit batch ``plan``'s files with its transaction identifier, unless the table has it.
         A commit that conflicts with a concurrent writer's is retried on the reloaded table
-        (after the same check), at once, up to :data:`COMMIT_ATTEMPTS` times (tenacity).
+        (after the same check), at once, up to :data:`~airflow_kinesis_spark.sinks.conflicts.COMMIT_ATTEMPTS` times (tenacity).
 
         :raises TableCommitError: no data file, a file outside the table, or a schema mismatch.
         :raises deltalake.exceptions.CommitFailedError: still conflicting after the last attempt.
@@ -184,14 +181,8 @@ class DeltaSink(Sink):
             )
             return self._commit(table, plan, properties, removes=[])
 
-        def conflicted(state: RetryCallState) -> None:
-            err = state.outcome.exception() if state.outcome is not None else None
-            log.warning("table %s: commit conflicted with another writer (%s); retrying on the reloaded table "
-                        "(attempt %d of %d)", self.uri, err, state.attempt_number + 1, COMMIT_ATTEMPTS)  # fmt: skip
-
-        # tenacity: at once, each attempt on the reloaded table, which is checked for the batch first.
-        return Retrying(retry=retry_if_exception_type((CommitFailedError, _TableExists)), stop=stop_after_attempt(COMMIT_ATTEMPTS),
-                        before_sleep=conflicted, reraise=True)(attempt)  # fmt: skip
+        # at once, each attempt on the reloaded table, which is checked for the batch first
+        return retry_on_conflict(attempt, (CommitFailedError, _TableExists), f"table {self.uri}: commit", logger=log)
 
     def _batch_version(self, table: Any, plan: Any, done: int) -> int:
         """The version whose commit added batch ``plan`` (its own plan), from the commit info of

@@ -29,12 +29,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
-
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.exceptions import TableCommitError
 from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, Sink, TableCommit, parse_partition_field, plan_marker
+from airflow_kinesis_spark.sinks.conflicts import retry_on_conflict
 from airflow_kinesis_spark.sinks.files import list_data_files, pyiceberg_io_properties, read_schema, table_uri
 
 log = logging.getLogger(__name__)
@@ -50,17 +49,11 @@ SUMMARY_PLAN = "kinesis-spark.plan-created-at"
 #: The default partition spec: a day of arrival per partition.
 DEFAULT_PARTITION = ("day(approximate_arrival_timestamp)",)
 
-#: Attempts of a table commit that conflicts with another writer's (each on the refreshed table);
-#: pyiceberg's own retries of a snapshot commit (table property ``commit.retry.num-retries``)
-#: happen inside each attempt.
-COMMIT_ATTEMPTS = 5
-#: Seconds before the second attempt of a table commit; one more of them before each later one.
+#: Seconds before the second attempt of a table commit that conflicted with another writer's
+#: (:data:`~airflow_kinesis_spark.sinks.conflicts.COMMIT_ATTEMPTS` in all); one more of them before
+#: each later one. pyiceberg's own retries of a snapshot commit (table property
+#: ``commit.retry.num-retries``) happen inside each attempt.
 COMMIT_PAUSE = 0.05
-
-
-def _error(state: RetryCallState) -> BaseException | None:
-    """The exception of the attempt that tenacity is about to retry."""
-    return state.outcome.exception() if state.outcome is not None else None
 
 
 
@@ -166,7 +159,7 @@ class IcebergSink(Sink):
 
         :raises TableCommitError: no data file, or the files do not fit the table (schema).
         :raises pyiceberg.exceptions.CommitFailedException: still conflicting after
-            :data:`COMMIT_ATTEMPTS` attempts (with tenacity, :data:`COMMIT_PAUSE` seconds times the
+            :data:`~airflow_kinesis_spark.sinks.conflicts.COMMIT_ATTEMPTS` attempts (with tenacity, :data:`COMMIT_PAUSE` seconds times the
             failed attempt's number apart; each on the reloaded table, searched for the batch first).
         """
         properties = {SUMMARY_STREAM: stream_name_of(plan.stream_name), SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_BATCH: str(plan.batch_id),
@@ -320,7 +313,7 @@ class IcebergSink(Sink):
         :returns: ``table``, ``files_before``, ``files_after``, ``rows``, ``snapshot_id`` (``None``
             when there was nothing to compact: at most one file).
         :raises pyiceberg.exceptions.CommitFailedException: still conflicting after
-            :data:`COMMIT_ATTEMPTS` attempts (retried at once, on the reloaded table).
+            :data:`~airflow_kinesis_spark.sinks.conflicts.COMMIT_ATTEMPTS` attempts (retried at once, on the reloaded table).
         """
         if target_size is not None:
             raise ValueError("Iceberg compaction writes files of the table's write.target-file-size-bytes: set that "
@@ -345,11 +338,7 @@ class IcebergSink(Sink):
             return {"table": self.identifier, "files_before": before, "files_after": after, "rows": rows.num_rows,
                     "snapshot_id": table.current_snapshot().snapshot_id}  # fmt: skip
 
-        def conflicted(state: RetryCallState) -> None:
-            log.warning("compaction of %s conflicted with another commit (%s); retrying", self.identifier, _error(state))
-
-        return Retrying(retry=retry_if_exception_type(CommitFailedException), stop=stop_after_attempt(COMMIT_ATTEMPTS),
-                        before_sleep=conflicted, reraise=True)(attempt)  # fmt: skip
+        return retry_on_conflict(attempt, (CommitFailedException,), f"table {self.identifier}: compaction", logger=log)
 
     # -- the commit ------------------------------------------------------------------------
 
@@ -378,14 +367,9 @@ class IcebergSink(Sink):
                      f"batch {plan.batch_id}" if SUMMARY_BATCH in properties else f"window {properties.get(SUMMARY_WINDOW)}")  # fmt: skip
             return TableCommit("iceberg", self.identifier, snapshot_id=snapshot.snapshot_id, files=len(files))
 
-        def conflicted(state: RetryCallState) -> None:
-            log.warning("table %s: commit conflicted with another writer (%s); retrying on the refreshed table "
-                        "(attempt %d of %d)", self.identifier, _error(state), state.attempt_number + 1, COMMIT_ATTEMPTS)  # fmt: skip
-
-        # tenacity: each attempt reloads the table and searches it for the batch first.
-        return Retrying(retry=retry_if_exception_type((CommitFailedException, TableAlreadyExistsError)),
-                        stop=stop_after_attempt(COMMIT_ATTEMPTS), wait=wait_incrementing(COMMIT_PAUSE, COMMIT_PAUSE),
-                        before_sleep=conflicted, reraise=True)(attempt)  # fmt: skip
+        # each attempt reloads the table and searches it for the batch first
+        return retry_on_conflict(attempt, (CommitFailedException, TableAlreadyExistsError), f"table {self.identifier}: commit",
+                                 logger=log, pause=COMMIT_PAUSE)  # fmt: skip
 
     def _check_schema(self, tx: Any, table: Any, schema: Any, plan: Any) -> None:
         """Check the batch's columns against the table's, as ``DeltaSink._check_schema`` does; with

@@ -20,7 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from airflow_kinesis_spark.sinks import delta as delta_module
-from airflow_kinesis_spark.sinks import iceberg as iceberg_module
+from airflow_kinesis_spark.sinks import conflicts
 from airflow_kinesis_spark.sinks.delta import DeltaSink
 from airflow_kinesis_spark.sinks.iceberg import IcebergSink
 from tests.integration.test_table_sinks import DAY, plan, write_batch
@@ -74,7 +74,7 @@ def test_an_iceberg_commit_that_conflicts_is_retried_on_the_refreshed_table(tmp_
     warnings = [r.getMessage() for r in caplog.records if r.name == "airflow_kinesis_spark.sinks.iceberg" and r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("table lake.events: commit conflicted with another writer (")
-    assert warnings[0].endswith("); retrying on the refreshed table (attempt 2 of 5)")
+    assert warnings[0].endswith("); retrying on the reloaded table (attempt 2 of 5)")
     assert warnings[1].endswith("(attempt 3 of 5)")
     assert sink.load().scan().to_arrow().num_rows == 3 + 4  # batch 2 once
 
@@ -104,7 +104,7 @@ def test_an_iceberg_commit_that_keeps_conflicting_fails_after_the_last_attempt(t
     loads = interfere_with_iceberg(sink, 100)
     with caplog.at_level(logging.WARNING, logger="airflow_kinesis_spark.sinks.iceberg"), pytest.raises(CommitFailedException):
         sink.commit_batch(plan(location, 2), [])
-    assert len(loads) == iceberg_module.COMMIT_ATTEMPTS == 5
+    assert len(loads) == conflicts.COMMIT_ATTEMPTS == 5
     warnings = [r.getMessage() for r in caplog.records if r.name == "airflow_kinesis_spark.sinks.iceberg" and r.levelno == logging.WARNING]
     assert [w[-16:] for w in warnings] == [f"(attempt {n} of 5)" for n in (2, 3, 4, 5)]
     assert sleeps == pytest.approx([0.05, 0.1, 0.15, 0.2])  # 0.05 s times the attempt that failed
@@ -122,8 +122,8 @@ def test_an_iceberg_compaction_that_conflicts_is_retried_and_one_that_keeps_conf
         result = sink.compact(DAY, DAY + timedelta(days=1))
     assert len(loads) == 2 and (result["files_before"], result["files_after"], result["rows"]) == (2, 1, 7)
     warnings = [r.getMessage() for r in caplog.records if r.name == "airflow_kinesis_spark.sinks.iceberg" and r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].startswith("compaction of lake.events conflicted with another commit ("), warnings
-    assert warnings[0].endswith("); retrying")
+    assert len(warnings) == 1 and warnings[0].startswith("table lake.events: compaction conflicted with another writer ("), warnings
+    assert warnings[0].endswith("); retrying on the reloaded table (attempt 2 of 5)")
 
     write_batch(location, 3, 2, delta=False)
     sink.commit_batch(plan(location, 3), [])
@@ -172,7 +172,7 @@ def test_a_delta_commit_that_keeps_conflicting_fails_after_the_last_attempt(tmp_
     loads = interfere_with_delta(sink, location, 100)
     with caplog.at_level(logging.WARNING, logger="airflow_kinesis_spark.sinks.delta"), pytest.raises(CommitFailedError):
         sink.commit_batch(plan(location, 2), [])
-    assert len(loads) == delta_module.COMMIT_ATTEMPTS == 5
+    assert len(loads) == conflicts.COMMIT_ATTEMPTS == 5
     warnings = [r.getMessage() for r in caplog.records if r.name == "airflow_kinesis_spark.sinks.delta" and r.levelno == logging.WARNING]
     assert [w[-16:] for w in warnings] == [f"(attempt {n} of 5)" for n in (2, 3, 4, 5)]
     assert not any(sleeps)  # retried at once (no pause, or 0 s): the reloaded table is the fresh state
