@@ -61,7 +61,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from demo.proxy import ForwardingProxy
-from demo.subscribe import ShardSubscriptions, SubscribeLimits
+from demo.subscribe import CONSUMER_OPERATIONS, ShardSubscriptions, StreamConsumers, SubscribeLimits
 
 __all__ = ["KinesisLimits", "LimitsProxyProcess", "ThrottlingProxy"]
 
@@ -146,9 +146,11 @@ class ThrottlingProxy(ForwardingProxy):
 
     :param upstream: the emulator's URL.
     :param limits: what to enforce.
+    :param own_consumers: answer the stream-consumer calls itself (:class:`demo.subscribe.StreamConsumers`),
+        for an emulator that has none (kinesalite); by default they pass through.
     """
 
-    def __init__(self, upstream: str, limits: KinesisLimits | None = None) -> None:
+    def __init__(self, upstream: str, limits: KinesisLimits | None = None, *, own_consumers: bool = False) -> None:
         super().__init__(upstream, keep_alive=True)
         self.limits = limits or KinesisLimits()
         self.shards: dict[tuple[str, str], _Shard] = {}
@@ -171,7 +173,8 @@ class ThrottlingProxy(ForwardingProxy):
         #: ``SubscribeToShard.<what>:<stream>`` (subscriptions, events, records, bytes, and how
         #: calls and subscriptions ended: in_use, limit_exceeded, not_found, invalid, expired,
         #: shard_end, taken_over, closed_by_subscriber, ...; :mod:`demo.subscribe`)
-        self.subscriptions = ShardSubscriptions(self, self.limits.subscribe_limits(), prefix="SubscribeToShard.")
+        self.subscriptions = ShardSubscriptions(self, self.limits.subscribe_limits(), prefix="SubscribeToShard.",
+                                                consumers=StreamConsumers(self) if own_consumers else None)  # fmt: skip
 
     def stop(self) -> None:
         self.subscriptions.close()
@@ -238,6 +241,8 @@ class ThrottlingProxy(ForwardingProxy):
             self._get_records(request, body)
         elif operation == "SubscribeToShard":
             self.subscriptions.subscribe(request, body)
+        elif operation in CONSUMER_OPERATIONS and self.subscriptions.consumers is not None:
+            self.subscriptions.consumers.call(request, body, operation)
         elif operation == "DescribeStreamSummary":
             self._describe_stream_summary(request, body)
         else:

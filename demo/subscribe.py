@@ -8,7 +8,8 @@ Kinesis API reference describes the operation (SubscribeToShard, SubscribeToShar
 proxies use it: :class:`FanOutProxy` here (everything else passes through), and
 ``benchmarks.kinesis_limits.ThrottlingProxy`` (which also enforces the polling limits).
 Stream consumers themselves (``RegisterStreamConsumer``, ``DescribeStreamConsumer``, ...) are the
-emulator's (moto's), passed through.
+emulator's (moto's), passed through; for an emulator without them (kinesalite), the proxy keeps
+its own (:class:`StreamConsumers`, ``own_consumers=True``).
 
 * The request is checked first, and refused with an HTTP 400 JSON error as the service refuses
   it: a ``StartingPosition`` without its ``SequenceNumber`` / ``Timestamp``, or of an unknown
@@ -92,7 +93,9 @@ from typing import Any
 from demo.proxy import ForwardingProxy
 
 __all__ = [
+    "CONSUMER_OPERATIONS",
     "EVENT_STREAM",
+    "StreamConsumers",
     "FanOutProxy",
     "ShardSubscriptions",
     "SubscribeLimits",
@@ -325,6 +328,125 @@ def _before(sequence_number: str) -> str:
     return str(max(0, int(sequence_number) - 1))
 
 
+def _call_upstream(proxy: Any, operation: str, payload: dict[str, Any], auth: str) -> tuple[int, list[tuple[str, str]], bytes]:
+    """One Kinesis call of the proxy's own to the emulator, with the subscriber's ``Authorization``
+    and a date (kinesalite refuses a signed request without ``X-Amz-Date``; neither checks the signature)."""
+    return proxy.call_upstream("POST", "/", json.dumps(payload).encode(), {
+        "X-Amz-Target": f"Kinesis_20131202.{operation}", "Content-Type": "application/x-amz-json-1.1", "Authorization": auth,
+        "X-Amz-Date": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+    })  # fmt: skip
+
+
+# -- stream consumers, for an emulator without them ------------------------------------------------
+
+#: The stream-consumer operations :class:`StreamConsumers` answers.
+CONSUMER_OPERATIONS = ("RegisterStreamConsumer", "DescribeStreamConsumer", "ListStreamConsumers", "DeregisterStreamConsumer")
+
+
+class StreamConsumers:
+    """Stream consumers kept by the proxy, for an emulator that has none (kinesalite 3): the four
+    calls of :data:`CONSUMER_OPERATIONS` answered as the Kinesis API reference describes them, in
+    memory. A consumer is ``CREATING`` for ``activate_seconds`` after it was registered, then
+    ``ACTIVE``; deregistered, it is gone at once. Its ARN is the stream's ARN followed by
+    ``/consumer/NAME:CREATION_EPOCH_SECONDS``, as the service writes it. Registering needs the
+    stream (the emulator's ``DescribeStreamSummary`` by name, from the ARN); a name already
+    registered for the stream is ``ResourceInUseException``; an unknown consumer
+    ``ResourceNotFoundException``; more than ``max_consumers`` of a stream ``LimitExceededException``
+    (the service's 20).
+
+    :param proxy: the :class:`~demo.proxy.ForwardingProxy` it answers in (``lock``, ``answer``,
+        ``answer_error``, ``call_upstream``).
+    """
+
+    def __init__(self, proxy: Any, *, activate_seconds: float = 0.2, max_consumers: int = 20) -> None:
+        self.proxy = proxy
+        self.activate_seconds = activate_seconds
+        self.max_consumers = max_consumers
+        #: consumer ARN -> its description (``StreamARN`` included) and the monotonic time it was registered
+        self._consumers: dict[str, tuple[dict[str, Any], float]] = {}
+
+    def describe(self, consumer_arn: str) -> dict[str, Any] | None:
+        """``DescribeStreamConsumer``'s ``ConsumerDescription`` of ``consumer_arn``, or ``None``."""
+        with self.proxy.lock:
+            found = self._consumers.get(consumer_arn)
+            if found is None:
+                return None
+            description, registered = found
+            status = "ACTIVE" if time.monotonic() - registered >= self.activate_seconds else "CREATING"
+            return {**description, "ConsumerStatus": status}
+
+    def call(self, request: BaseHTTPRequestHandler, body: bytes, operation: str) -> None:
+        """Answer one call of :data:`CONSUMER_OPERATIONS`."""
+        try:
+            args = json.loads(body or b"{}")
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            self.proxy.answer_error(request, 400, "SerializationException", "The request body is not a JSON object")
+            return
+        status, answer = getattr(self, f"_{operation}")(args, request.headers.get("Authorization") or _AUTH)
+        if status != 200:
+            self.proxy.answer_error(request, status, answer["code"], answer["message"])
+            return
+        self.proxy.answer(request, 200, [("Content-Type", "application/x-amz-json-1.1")], json.dumps(answer).encode())
+
+    def _find(self, args: dict[str, Any]) -> tuple[str | None, str]:
+        """The consumer ARN ``args`` name (``ConsumerARN``, or ``StreamARN`` and ``ConsumerName``) and how to name it."""
+        if args.get("ConsumerARN"):
+            arn = str(args["ConsumerARN"])
+            with self.proxy.lock:
+                return (arn if arn in self._consumers else None), arn
+        stream_arn, name = str(args.get("StreamARN") or ""), str(args.get("ConsumerName") or "")
+        with self.proxy.lock:
+            for arn, (description, _) in self._consumers.items():
+                if description["StreamARN"] == stream_arn and description["ConsumerName"] == name:
+                    return arn, name
+        return None, f"{name} of stream {stream_arn}"
+
+    @staticmethod
+    def _not_found(what: str) -> tuple[int, dict[str, Any]]:
+        return 400, {"code": "ResourceNotFoundException", "message": f"Consumer {what} not found"}
+
+    def _RegisterStreamConsumer(self, args: dict[str, Any], auth: str) -> tuple[int, dict[str, Any]]:  # noqa: N802 - the operation's name
+        stream_arn, name = str(args.get("StreamARN") or ""), str(args.get("ConsumerName") or "")
+        if ":stream/" not in stream_arn or not re.fullmatch(r"[a-zA-Z0-9_.-]{1,128}", name):
+            return 400, {"code": "InvalidArgumentException", "message": "StreamARN and ConsumerName ([a-zA-Z0-9_.-]{1,128}) are required"}
+        status, _, _ = _call_upstream(self.proxy, "DescribeStreamSummary", {"StreamName": stream_arn.partition(":stream/")[2]}, auth)
+        if status != 200:
+            return 400, {"code": "ResourceNotFoundException", "message": f"Stream {stream_arn} not found"}
+        now = time.time()
+        with self.proxy.lock:
+            of_stream = [d for d, _ in self._consumers.values() if d["StreamARN"] == stream_arn]
+            if any(d["ConsumerName"] == name for d in of_stream):
+                return 400, {"code": "ResourceInUseException", "message": f"Consumer {name} of stream {stream_arn} already exists"}
+            if len(of_stream) >= self.max_consumers:
+                return 400, {"code": "LimitExceededException", "message": f"Stream {stream_arn} has {len(of_stream)} consumers"}
+            arn = f"{stream_arn}/consumer/{name}:{int(now)}"
+            description = {"ConsumerName": name, "ConsumerARN": arn, "ConsumerCreationTimestamp": now, "StreamARN": stream_arn}
+            self._consumers[arn] = (description, time.monotonic())
+        return 200, {"Consumer": {k: v for k, v in {**description, "ConsumerStatus": "CREATING"}.items() if k != "StreamARN"}}
+
+    def _DescribeStreamConsumer(self, args: dict[str, Any], auth: str) -> tuple[int, dict[str, Any]]:  # noqa: N802
+        arn, what = self._find(args)
+        description = self.describe(arn) if arn else None
+        return (200, {"ConsumerDescription": description}) if description else self._not_found(what)
+
+    def _ListStreamConsumers(self, args: dict[str, Any], auth: str) -> tuple[int, dict[str, Any]]:  # noqa: N802
+        stream_arn = str(args.get("StreamARN") or "")
+        with self.proxy.lock:
+            arns = [arn for arn, (d, _) in self._consumers.items() if d["StreamARN"] == stream_arn]
+        described = [self.describe(arn) for arn in arns]
+        return 200, {"Consumers": [{k: v for k, v in d.items() if k != "StreamARN"} for d in described if d]}
+
+    def _DeregisterStreamConsumer(self, args: dict[str, Any], auth: str) -> tuple[int, dict[str, Any]]:  # noqa: N802
+        arn, what = self._find(args)
+        if arn is None:
+            return self._not_found(what)
+        with self.proxy.lock:
+            self._consumers.pop(arn, None)
+        return 200, {}
+
+
 class ShardSubscriptions:
     """The ``SubscribeToShard`` side of a proxy (module doc). Call :meth:`subscribe` from the
     proxy's ``handle`` for ``Kinesis_20131202.SubscribeToShard``; :meth:`close` when it stops.
@@ -339,10 +461,13 @@ class ShardSubscriptions:
     #: to the shard (the oldest are dropped first): consumers reading together stay well within it.
     shared_bytes: int = 16 * MIB
 
-    def __init__(self, proxy: Any, limits: SubscribeLimits | None = None, prefix: str = "") -> None:
+    def __init__(self, proxy: Any, limits: SubscribeLimits | None = None, prefix: str = "",
+                 consumers: StreamConsumers | None = None) -> None:  # fmt: skip
         self.proxy = proxy
         self.limits = limits or SubscribeLimits()
         self.prefix = prefix
+        #: the proxy's own stream consumers (an emulator without them), or ``None``: the emulator's
+        self.consumers = consumers
         self.slots: dict[tuple[str, str], _Slot] = {}
         #: (stream, shard) -> the records read for the subscriptions open to it
         self.shared: dict[tuple[str, str], _SharedShard] = {}
@@ -369,9 +494,7 @@ class ShardSubscriptions:
                 self.proxy.stats[f"{self.prefix}{name}:{stream}"] += n
 
     def _upstream(self, operation: str, payload: dict[str, Any], auth: str) -> tuple[int, list[tuple[str, str]], bytes]:
-        return self.proxy.call_upstream("POST", "/", json.dumps(payload).encode(), {
-            "X-Amz-Target": f"Kinesis_20131202.{operation}", "Content-Type": "application/x-amz-json-1.1", "Authorization": auth,
-        })  # fmt: skip
+        return _call_upstream(self.proxy, operation, payload, auth)
 
     def _refuse(self, request: BaseHTTPRequestHandler, outcome: str, stream: str | None, code: str, message: str,
                 status: int = 400) -> None:  # fmt: skip
@@ -401,12 +524,18 @@ class ShardSubscriptions:
             self._refuse(request, "invalid", None, "InvalidArgumentException", problem)
             return
         assert position is not None
-        status, headers, payload = self._upstream("DescribeStreamConsumer", {"ConsumerARN": consumer_arn}, auth)
-        if status != 200:
-            self._count("not_found" if status == 400 else "upstream_error")
-            self.proxy.answer(request, status, headers, payload)
-            return
-        consumer = json.loads(payload).get("ConsumerDescription", {})
+        if self.consumers is not None:
+            consumer = self.consumers.describe(consumer_arn)
+            if consumer is None:
+                self._refuse(request, "not_found", None, "ResourceNotFoundException", f"Consumer {consumer_arn} not found")
+                return
+        else:
+            status, headers, payload = self._upstream("DescribeStreamConsumer", {"ConsumerARN": consumer_arn}, auth)
+            if status != 200:
+                self._count("not_found" if status == 400 else "upstream_error")
+                self.proxy.answer(request, status, headers, payload)
+                return
+            consumer = json.loads(payload).get("ConsumerDescription", {})
         stream = consumer.get("StreamARN", "").partition(":stream/")[2]
         if consumer.get("ConsumerStatus") != "ACTIVE":
             self._refuse(request, "inactive", stream, "ResourceInUseException",
@@ -797,6 +926,8 @@ class FanOutProxy(ForwardingProxy):
     :param records_per_event: records per event at most.
     :param poll_seconds: how often the emulator is polled while a subscriber is caught up.
     :param limits: all settings at once (:class:`SubscribeLimits`), instead of the ones above.
+    :param own_consumers: answer the stream-consumer calls itself (:class:`StreamConsumers`), for
+        an emulator that has none (kinesalite); by default they pass through.
 
     ``stats`` counts calls, subscriptions, refusals, events, records and bytes (module doc);
     ``subscriptions`` is the :class:`ShardSubscriptions` (its ``limits`` may be replaced).
@@ -804,16 +935,19 @@ class FanOutProxy(ForwardingProxy):
 
     def __init__(self, upstream: str, *, subscription_seconds: float = 300.0, bytes_per_second: float | None = 2 * MIB,
                  records_per_event: int = 10_000, poll_seconds: float = 0.5,
-                 limits: SubscribeLimits | None = None) -> None:  # fmt: skip
+                 limits: SubscribeLimits | None = None, own_consumers: bool = False) -> None:  # fmt: skip
         super().__init__(upstream)
         self.stats: Counter[str] = Counter()
         limits = limits or SubscribeLimits(bytes_per_second=bytes_per_second, subscription_seconds=subscription_seconds,
                                            records_per_event=records_per_event, poll_seconds=poll_seconds)  # fmt: skip
-        self.subscriptions = ShardSubscriptions(self, limits)
+        self.subscriptions = ShardSubscriptions(self, limits, consumers=StreamConsumers(self) if own_consumers else None)
 
     def handle(self, request: BaseHTTPRequestHandler, body: bytes, target: str) -> None:
-        if target.endswith(".SubscribeToShard"):
+        operation = target.partition(".")[2]
+        if operation == "SubscribeToShard":
             self.subscriptions.subscribe(request, body)
+        elif operation in CONSUMER_OPERATIONS and self.subscriptions.consumers is not None:
+            self.subscriptions.consumers.call(request, body, operation)
         else:
             self.answer(request, *self.forward(request, body))
 

@@ -103,3 +103,42 @@ def test_10_mib_records_plain_aggregated_and_over_the_byte_cap_are_read_exactly_
     assert sum(g.num_rows for g in row_groups) == 3
     assert max(g.total_byte_size for g in row_groups) <= 16 * MIB + 10 * MIB + MIB, [g.total_byte_size for g in row_groups]
     assert proxy.stats["GetRecords.largest_response_bytes"] <= 10 * MIB
+
+
+def test_10_mib_records_over_enhanced_fan_out_through_botocore_event_streams(kinesalite_endpoint, aws_conn, unique_name,
+                                                                              dynamodb, tmp_path):  # fmt: skip
+    """The same records pushed by SubscribeToShard: the proxy registers the stream consumer itself
+    (kinesalite has no stream consumers) and pushes each 10 MiB record in an event of its own (a
+    message of about 13.4 MiB of base64 JSON; botocore's event-stream decoder takes messages up to
+    16 MiB), as the service must. Plain 10 MiB records and a KPL aggregate of 3.6 MiB, read by
+    the operator with consumer_type="efo" over spark-submit, capped at 4 MiB a shard so a batch
+    takes its first Kinesis record whole; every user record committed once, the records pushed by
+    subscriptions."""
+    with ThrottlingProxy(kinesalite_endpoint, KinesisLimits(throttle=False), own_consumers=True) as proxy:
+        kinesis = make_client("kinesis", proxy.endpoint)
+        aws_conn(proxy.endpoint)
+        stream = unique_name
+        create_stream(kinesis, stream, 1)
+        arn = kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["StreamARN"]
+        kinesis.update_max_record_size(StreamARN=arn, MaxRecordSizeInKiB=10240)
+        plain = [(f"p{i}", os.urandom(10 * MIB - i)) for i in range(2)]
+        users = [os.urandom(1200 * 1024 + i) for i in range(3)]
+        produced = put_raw(kinesis, stream, [(plain[0][0], plain[0][1], [(None, *plain[0])])])
+        produced += put_raw(kinesis, stream, [("a", aggregate("a", users), [(i, "a", d) for i, d in enumerate(users)])])
+        produced += put_raw(kinesis, stream, [(plain[1][0], plain[1][1], [(None, *plain[1])])])
+        output = tmp_path / "out"
+        store = DynamoDBCheckpointStore(dynamodb, f"{stream}_ckpt", stream, "tests")
+
+        def batch():
+            return KinesisToSparkOperator(task_id="ingest", stream_name=stream, consumer_name="tests", consumer_type="efo",
+                                          checkpoint_table=f"{stream}_ckpt", output_path=str(output), max_bytes_per_shard=4 * MIB,
+                                          min_call_interval=0.0, read_bytes_per_second=None).execute({})  # fmt: skip
+
+        assert [(s["status"], s["records"]) for s in (batch(), batch(), batch())] == [("committed", 1), ("committed", 3),
+                                                                                        ("committed", 1)]  # fmt: skip
+        assert batch()["status"] == "no_new_records"
+        verdict = verify(produced, committed_rows(output, store.head().committed_batch_id))
+        assert verdict.ok and verdict.records_out == 5, verdict
+        assert proxy.stats["SubscribeToShard.subscriptions"] >= 3 and proxy.stats["SubscribeToShard.records"] >= 3
+        consumers = kinesis.list_stream_consumers(StreamARN=arn)["Consumers"]
+        assert [(c["ConsumerStatus"], c["ConsumerARN"].startswith(f"{arn}/consumer/")) for c in consumers] == [("ACTIVE", True)]

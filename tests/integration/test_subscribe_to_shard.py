@@ -358,3 +358,38 @@ def test_consumers_reading_one_shard_at_once_get_it_all_from_one_read_of_the_emu
             time.sleep(0.05)
         assert proxy.subscriptions.open_subscriptions() == 0
         assert proxy.subscriptions.shared == {}  # what was read is dropped with the last subscription
+
+
+def test_the_proxy_keeps_stream_consumers_for_an_emulator_without_them(kinesalite_endpoint, unique_name):
+    """kinesalite has no stream consumers: with ``own_consumers=True`` the proxy answers their four
+    calls as the Kinesis API reference describes them, and subscriptions use its consumers."""
+    from demo.subscribe import FanOutProxy
+
+    with FanOutProxy(kinesalite_endpoint, own_consumers=True) as proxy:
+        c = client(proxy.endpoint)
+        create_stream(c, unique_name, 1)
+        arn = c.describe_stream_summary(StreamName=unique_name)["StreamDescriptionSummary"]["StreamARN"]
+        with pytest.raises(ClientError, match="ResourceNotFoundException"):
+            c.register_stream_consumer(StreamARN=arn.replace(unique_name, f"{unique_name}-gone"), ConsumerName="efo")
+        consumer = c.register_stream_consumer(StreamARN=arn, ConsumerName="efo")["Consumer"]
+        assert consumer["ConsumerStatus"] == "CREATING" and consumer["ConsumerARN"].startswith(f"{arn}/consumer/efo:")
+        with pytest.raises(ClientError, match="ResourceInUseException"):
+            c.register_stream_consumer(StreamARN=arn, ConsumerName="efo")
+        shard_id = c.list_shards(StreamName=unique_name)["Shards"][0]["ShardId"]
+        with pytest.raises(ClientError, match="ResourceInUseException"):  # not ACTIVE yet
+            c.subscribe_to_shard(ConsumerARN=consumer["ConsumerARN"], ShardId=shard_id, StartingPosition={"Type": "TRIM_HORIZON"})
+        time.sleep(0.3)
+        described = c.describe_stream_consumer(StreamARN=arn, ConsumerName="efo")["ConsumerDescription"]
+        assert (described["ConsumerStatus"], described["StreamARN"]) == ("ACTIVE", arn)
+        assert c.describe_stream_consumer(ConsumerARN=consumer["ConsumerARN"])["ConsumerDescription"] == described
+        assert [x["ConsumerName"] for x in c.list_stream_consumers(StreamARN=arn)["Consumers"]] == ["efo"]
+        put_plain(c, unique_name, [("k", b"pushed")])
+        events = c.subscribe_to_shard(ConsumerARN=consumer["ConsumerARN"], ShardId=shard_id,
+                                      StartingPosition={"Type": "TRIM_HORIZON"})["EventStream"]  # fmt: skip
+        records = next(e for e in events if e.get("SubscribeToShardEvent", {}).get("Records"))["SubscribeToShardEvent"]["Records"]
+        events.close()
+        assert [r["Data"] for r in records] == [b"pushed"]
+        c.deregister_stream_consumer(ConsumerARN=consumer["ConsumerARN"])
+        with pytest.raises(ClientError, match="ResourceNotFoundException"):
+            c.describe_stream_consumer(ConsumerARN=consumer["ConsumerARN"])
+        assert c.list_stream_consumers(StreamARN=arn)["Consumers"] == []
