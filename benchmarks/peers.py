@@ -18,6 +18,11 @@ with only the response caps (unthrottled). The consumers:
   README recommends; ``record_limit=10000``). It has no end: it polls for new records until
   stopped, so :func:`read_async_kinesis` stops it once it yielded as many user records as the
   backlog holds;
+* ``kcl_rs``: `kcl-rs <https://pypi.org/project/kcl-rs/>`_ (PyPI ``kcl-rs``, a Rust port of the
+  Kinesis Client Library v3 with Python bindings whose API mirrors amazon-kclpy's: leases and
+  checkpoints in DynamoDB, resharding, polling or enhanced fan-out), through its public API
+  (:func:`read_kcl_rs`): polling retrieval and its defaults otherwise; it has no end either, so it
+  is shut down once its record processors were handed as many user records as the backlog holds;
 * ``naive``: :func:`benchmarks.workload.naive_consume`, the consumer the other sections compare with.
 
 Left out, and why: :data:`LEFT_OUT`.
@@ -62,7 +67,7 @@ __all__ = ["PEERS", "LEFT_OUT", "read_async_kinesis", "run_peers", "peers_headli
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The consumers, in the order each mode runs them.
-PEERS = ("ours", "async_kinesis", "naive")
+PEERS = ("ours", "async_kinesis", "kcl_rs", "naive")
 
 #: Python Kinesis consumers on PyPI that are not measured, and why.
 LEFT_OUT = {
@@ -71,12 +76,6 @@ LEFT_OUT = {
         "KCL and its dependencies from Maven Central, which the machines this project runs on cannot reach "
         "(only PyPI, Debian's packages and npm), so the daemon cannot be installed here. Java is here; the "
         "jars are not."
-    ),
-    "kcl-rs": (
-        "a Rust port of the KCL v3 with Python bindings (0.1.x, first released 2026): installs cleanly "
-        "(an abi3 wheel without dependencies), not measured yet: a KCL worker needs its lease table in "
-        "DynamoDB (moto would serve it, the proxy passes it through) and takes its leases before it reads; "
-        "its adapter is not written."
     ),
     "kinesis-python, kinsumer, aiokinesis, async-kinesis-client, kcpy": (
         "last released 2017-2019: not maintained."
@@ -158,6 +157,77 @@ def read_async_kinesis(endpoint: str, stream: str, expected: int, *, region: str
     return {"records": records, "wall_s": time.monotonic() - started}
 
 
+def read_kcl_rs(endpoint: str, stream: str, expected: int, *, application: str, region: str, access_key: str,
+                secret_key: str, keep: list[bytes] | None = None, stall_seconds: float = STALL_SECONDS) -> dict[str, Any]:  # fmt: skip
+    """Read ``stream`` from ``TRIM_HORIZON`` with kcl-rs (the KCL v3's Rust port, :class:`kcl_rs.Scheduler`)
+    until its record processors were handed ``expected`` user records (see the module doc).
+
+    Its public API as its README shows it: a :class:`kcl_rs.RecordProcessorBase` per shard, polling
+    retrieval (``retrieval_mode="POLLING"``, its defaults otherwise: ``max_records`` 10,000, one
+    ``GetRecords`` per 1.5 s per shard), ``endpoint_url`` for every service it calls (Kinesis, its
+    lease tables in DynamoDB, CloudWatch: the proxy, which passes all but Kinesis' reads to the
+    emulator). The processors do not checkpoint (we measure the read); a new ``application`` (its
+    lease table's name) per run, so no run inherits another's leases. The KCL takes its leases
+    before it reads (a minute on moto): the read rate's window starts at its first ``GetRecords``.
+
+    :param keep: a list to append every user record's data to (bytes), to check them.
+    :returns: ``{"records", "wall_s"}`` (``records``: user records handed over).
+    :raises TimeoutError: no record for ``stall_seconds`` (the first one: twice that).
+    """
+    import threading
+
+    from kcl_rs import RecordProcessorBase, Scheduler
+
+    lock, done = threading.Lock(), threading.Event()
+    handed = [0]
+
+    class Counting(RecordProcessorBase):
+        """Hands each user record's data over (de-aggregated by the KCL) and counts it."""
+
+        def initialize(self, initialize_input: Any) -> None:
+            pass
+
+        def process_records(self, process_records_input: Any) -> None:
+            datas = [r.data for r in process_records_input.records]
+            if keep is None and not all(datas):  # touch the payload, as naive_consume does
+                raise AssertionError("an empty user record")
+            with lock:
+                if keep is not None:
+                    keep.extend(datas)
+                handed[0] += len(datas)
+                if handed[0] >= expected:
+                    done.set()
+
+        def lease_lost(self, lease_lost_input: Any) -> None:
+            pass
+
+        def shard_ended(self, shard_ended_input: Any) -> None:
+            shard_ended_input.checkpointer.checkpoint()  # the KCL requires it to finish a closed shard
+
+        def shutdown_requested(self, shutdown_requested_input: Any) -> None:
+            pass
+
+    scheduler = Scheduler(stream_name=stream, application_name=application, record_processor_factory=Counting,
+                          region=region, endpoint_url=endpoint, access_key_id=access_key, secret_access_key=secret_key,
+                          initial_position="TRIM_HORIZON", retrieval_mode="POLLING")  # fmt: skip
+    started = time.monotonic()
+    scheduler.start()
+    try:
+        seen, last = 0, time.monotonic()
+        while not done.wait(1.0):
+            with lock:
+                now_seen = handed[0]
+            if now_seen != seen:
+                seen, last = now_seen, time.monotonic()
+            elif time.monotonic() - last > (stall_seconds if seen else 2 * stall_seconds):
+                raise TimeoutError(f"kcl-rs handed over {seen} of {expected} records, then none for {stall_seconds:.0f} s")
+        wall = time.monotonic() - started
+    finally:
+        scheduler.shutdown()
+    with lock:
+        return {"records": handed[0], "wall_s": wall}
+
+
 def _read_naive(spec: dict[str, Any]) -> dict[str, Any]:
     from benchmarks.run import client
     from benchmarks.workload import naive_consume
@@ -182,8 +252,15 @@ def _read_async_kinesis(spec: dict[str, Any]) -> dict[str, Any]:
                               secret_key=SECRET_KEY)  # fmt: skip
 
 
+def _read_kcl_rs(spec: dict[str, Any]) -> dict[str, Any]:
+    from demo.stack import ACCESS_KEY, REGION, SECRET_KEY
+
+    return read_kcl_rs(spec["endpoint"], spec["stream"], spec["expected"], application=f"{spec['consumer']}-kcl-rs",
+                       region=REGION, access_key=ACCESS_KEY, secret_key=SECRET_KEY)  # fmt: skip
+
+
 _READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "ours": _read_ours, "async_kinesis": _read_async_kinesis, "naive": _read_naive,
+    "ours": _read_ours, "async_kinesis": _read_async_kinesis, "kcl_rs": _read_kcl_rs, "naive": _read_naive,
 }  # fmt: skip
 
 
@@ -201,6 +278,8 @@ def _consume(argv: list[str]) -> None:
     elif name == "async_kinesis":
         import aiobotocore.session  # noqa: F401
         import kinesis  # noqa: F401
+    elif name == "kcl_rs":
+        import kcl_rs  # noqa: F401
     startup = cpu_seconds()
     result = _READERS[name](spec)
     result["cpu_s"] = cpu_seconds() - startup
@@ -281,7 +360,7 @@ def run_peers(kinesis: Any, moto: str, lines: list[bytes], work: Path, *, shards
     return {
         "backlog_mib": loaded["bytes"] / MIB, "user_records": loaded["user_records"],
         "kinesis_records": loaded["kinesis_records"], "shards": shards, "limit_bytes_per_second": shards * 2 * MIB,
-        "consumers": consumers, "versions": {"async-kinesis": metadata.version("async-kinesis")},
+        "consumers": consumers, "versions": {name: metadata.version(name) for name in ("async-kinesis", "kcl-rs")},
         "left_out": LEFT_OUT, "commit": commit,
     }  # fmt: skip
 
@@ -318,14 +397,15 @@ def peers_targets(peers: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
 
 #: How each consumer is named in the report.
-LABELS = {"ours": "ours (operator, spark-submit)", "async_kinesis": "async-kinesis", "naive": "naive"}
+LABELS = {"ours": "ours (operator, spark-submit)", "async_kinesis": "async-kinesis", "kcl_rs": "kcl-rs (KCL v3, Rust)", "naive": "naive"}
 
 
 def peers_markdown(peers: dict[str, Any], heading: str) -> list[str]:
     """The section of ``docs/benchmarks.md`` (lines)."""
     p, limit = peers, peers["limit_bytes_per_second"]
+    versions = ", ".join(f"{name} {version}" for name, version in p["versions"].items())
     out = [heading, "",
-           f"Measured on the working tree of commit {p['commit']} (async-kinesis {p['versions']['async-kinesis']}). Backlog: {p['backlog_mib']:.1f} MiB "
+           f"Measured on the working tree of commit {p['commit']} ({versions}). Backlog: {p['backlog_mib']:.1f} MiB "
            f"({p['user_records']:,} user records in {p['kinesis_records']:,} Kinesis records) on {p['shards']} shards, one stream "
            "read whole by each consumer in turn, from `TRIM_HORIZON`, each in a process of its own and behind a limits proxy "
            "process of its own (the throttled section's settings; unthrottled, only the response caps). Read rate and "
@@ -352,7 +432,8 @@ def peers_markdown(peers: dict[str, Any], heading: str) -> list[str]:
         out.append(row(LABELS.get(name, name), f"{u['records_per_s']:,.0f}", f"{u['read_bytes_per_second'] / MIB:.2f}",
                         f"{u['cpu_s']:.1f}", f"{u['cpu_s'] / u['records'] * 1e5:.2f}", u["get_records"], f"{u['wall_s']:.1f}"))  # fmt: skip
     out += ["", "Wall time: the consumer's own, from after its imports (ours: `execute`, end to end; async-kinesis: until it "
-            "handed over the backlog's last record and closed; it has no end of its own). Not measured:", ""]  # fmt: skip
+            "handed over the backlog's last record and closed; it has no end of its own; kcl-rs: from its start, its leases "
+            "taken first, until its processors were handed the last record). Not measured:", ""]  # fmt: skip
     out += [f"- {name}: {why}" for name, why in p["left_out"].items()]
     return out + [""]
 

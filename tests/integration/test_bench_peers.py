@@ -1,5 +1,5 @@
-"""The benchmark's peers section reads what it measures: its async-kinesis adapter hands over every
-user record of a backlog exactly once (``benchmarks/peers.py``), so the section cannot time a read
+"""The benchmark's peers section reads what it measures: its async-kinesis and kcl-rs adapters hand
+over every user record of a backlog exactly once (``benchmarks/peers.py``), so the section cannot time a read
 that skipped or repeated records."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.kinesis_limits import ThrottlingProxy
-from benchmarks.peers import peers_headline, peers_targets, read_async_kinesis
+from benchmarks.peers import peers_headline, peers_targets, read_async_kinesis, read_kcl_rs
 from benchmarks.workload import access_log_lines, load_backlog
 from tests.conftest import DATA_DIR, REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
 
@@ -50,6 +50,24 @@ def test_async_kinesis_adapter_reads_every_record_once(request, emulator, unique
         kinesis.delete_stream(StreamName=unique_name, EnforceConsumerDeletion=True)
     assert out["records"] == USER_RECORDS
     assert len(got) == USER_RECORDS
+    assert sorted(got) == sorted(expected_payloads(lines, USER_RECORDS))  # every one, none twice
+
+
+@pytest.mark.slow
+def test_kcl_rs_adapter_reads_every_record_once(kinesis, moto_endpoint, unique_name, lines):
+    """kcl-rs behind the limits proxy (its lease tables in moto through it): the KCL de-aggregates
+    the KPL records and hands each user record over once."""
+    create_stream(kinesis, unique_name, 2)
+    loaded = load_backlog(kinesis, unique_name, 0, lines, user_records=USER_RECORDS)
+    got: list[bytes] = []
+    try:
+        with ThrottlingProxy(moto_endpoint) as proxy:
+            out = read_kcl_rs(proxy.endpoint, unique_name, USER_RECORDS, application=f"{unique_name}-kcl", region=REGION,
+                              access_key=TEST_ACCESS_KEY, secret_key=TEST_SECRET_KEY, keep=got, stall_seconds=60)  # fmt: skip
+            assert proxy.stats[f"bytes:{unique_name}"] >= loaded["bytes"]
+    finally:
+        kinesis.delete_stream(StreamName=unique_name, EnforceConsumerDeletion=True)
+    assert out["records"] == USER_RECORDS
     assert sorted(got) == sorted(expected_payloads(lines, USER_RECORDS))  # every one, none twice
 
 
