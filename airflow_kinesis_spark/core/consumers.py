@@ -18,6 +18,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_delay,
+    wait_exponential,
+    wait_fixed,
+)
 
 from airflow_kinesis_spark.core.names import parse_stream_arn, stream_name_of
 from airflow_kinesis_spark.core.shards import describe_stream_summary
@@ -77,16 +86,23 @@ def ensure_stream_consumer(
             raise
         description = _register(client, stream, stream_arn, consumer_name, wait_seconds, poll_seconds, sleep)
     arn = description["ConsumerARN"]
-    deadline = time.monotonic() + wait_seconds
-    while description.get("ConsumerStatus") != "ACTIVE":
-        if description.get("ConsumerStatus") == "DELETING":
+    described = iter([description])  # the first check is of the description in hand
+
+    def status() -> str:
+        current = next(described, None) or client.describe_stream_consumer(ConsumerARN=arn)["ConsumerDescription"]
+        state = str(current.get("ConsumerStatus"))
+        if state == "DELETING":
             raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)} is being deregistered; "
                                "retry once it is gone (it is then registered anew)")  # fmt: skip
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)} is not ACTIVE after "
-                               f"{wait_seconds:g} s (status {description.get('ConsumerStatus')})")  # fmt: skip
-        sleep(poll_seconds)
-        description = dict(client.describe_stream_consumer(ConsumerARN=arn)["ConsumerDescription"])
+        return state
+
+    def late(state: RetryCallState) -> None:
+        raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)} is not ACTIVE after "
+                           f"{wait_seconds:g} s (status {state.outcome.result() if state.outcome else None})")  # fmt: skip
+
+    # tenacity: DescribeStreamConsumer every poll_seconds while CREATING (botocore has no waiter for stream consumers)
+    Retrying(retry=retry_if_result(lambda state: state != "ACTIVE"), wait=wait_fixed(poll_seconds),
+             stop=stop_after_delay(wait_seconds), sleep=sleep, retry_error_callback=late)(status)  # fmt: skip
     return arn
 
 
@@ -111,35 +127,45 @@ def _register(
 
     :raises RuntimeError: the limit of registered consumers, or still refused after ``wait_seconds``.
     """
-    deadline = time.monotonic() + wait_seconds
-    attempt = 0
-    while True:
+    creating: list[str] | None = None  # of the last refusal
+    attempts = 0
+
+    def register() -> dict[str, Any]:
+        nonlocal creating, attempts
+        attempts += 1
         try:
-            description: dict[str, Any] = dict(client.register_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["Consumer"])
-            log.info("Registered stream consumer %s of stream %s for enhanced fan-out (billed per shard-hour while "
-                     "registered; deregister with kinesis-spark deregister-consumer)", consumer_name, stream_name_of(stream))  # fmt: skip
-            return description
+            description = dict(client.register_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["Consumer"])
         except ClientError as err:
             if _code(err) == "ResourceInUseException":  # registered meanwhile by a concurrent run
                 return dict(client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name)["ConsumerDescription"])
-            if _code(err) != "LimitExceededException":
-                raise
-            creating = _creating_consumers(client, stream_arn)
-            if creating == [] and attempt >= 2:
-                raise RuntimeError(
-                    f"cannot register stream consumer {consumer_name} of stream {stream_name_of(stream)}: the service refuses "
-                    f"it (LimitExceededException) and no consumer of the stream is being created, so the stream has its "
-                    "limit of registered consumers (20; 50 with On-Demand Advantage). Deregister one (kinesis-spark "
-                    "deregister-consumer), or read this consumer by polling (consumer_type='polling')"
-                ) from err  # fmt: skip
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)}: RegisterStreamConsumer "
-                                   f"still refused after {wait_seconds:g} s ({_count(creating)} consumers CREATING): {err}") from err  # fmt: skip
-            delay = min(poll_seconds * 2**attempt, REGISTER_BACKOFF_MAX_S)
-            log.info("RegisterStreamConsumer of %s refused (LimitExceededException; %s consumers of the stream CREATING): "
-                     "retrying in %.1f s", consumer_name, _count(creating), delay)  # fmt: skip
-            sleep(delay)
-            attempt += 1
+            if _code(err) == "LimitExceededException":
+                creating = _creating_consumers(client, stream_arn)
+                if creating == [] and attempts >= 3:
+                    raise RuntimeError(
+                        f"cannot register stream consumer {consumer_name} of stream {stream_name_of(stream)}: the service "
+                        f"refuses it (LimitExceededException) and no consumer of the stream is being created, so the stream "
+                        "has its limit of registered consumers (20; 50 with On-Demand Advantage). Deregister one "
+                        "(kinesis-spark deregister-consumer), or read this consumer by polling (consumer_type='polling')"
+                    ) from err  # fmt: skip
+            raise
+        log.info("Registered stream consumer %s of stream %s for enhanced fan-out (billed per shard-hour while "
+                 "registered; deregister with kinesis-spark deregister-consumer)", consumer_name, stream_name_of(stream))  # fmt: skip
+        return description
+
+    def refused(state: RetryCallState) -> None:
+        log.info("RegisterStreamConsumer of %s refused (LimitExceededException; %s consumers of the stream CREATING): "
+                 "retrying in %.1f s", consumer_name, _count(creating), state.next_action.sleep if state.next_action else 0.0)  # fmt: skip
+
+    def still_refused(state: RetryCallState) -> dict[str, Any]:
+        err = state.outcome.exception() if state.outcome else None
+        raise RuntimeError(f"stream consumer {consumer_name} of stream {stream_name_of(stream)}: RegisterStreamConsumer "
+                           f"still refused after {wait_seconds:g} s ({_count(creating)} consumers CREATING): {err}") from err  # fmt: skip
+
+    # tenacity: again on LimitExceededException, the wait doubling from poll_seconds up to REGISTER_BACKOFF_MAX_S
+    retrying = Retrying(retry=retry_if_exception(lambda err: isinstance(err, ClientError) and _code(err) == "LimitExceededException"),
+                        wait=wait_exponential(multiplier=poll_seconds, max=REGISTER_BACKOFF_MAX_S), stop=stop_after_delay(wait_seconds),
+                        sleep=sleep, before_sleep=refused, retry_error_callback=still_refused)  # fmt: skip
+    return retrying(register)
 
 
 def _creating_consumers(client: KinesisClient, stream_arn: str) -> list[str] | None:
