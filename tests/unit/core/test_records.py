@@ -129,6 +129,23 @@ def test_avro_pages_through_polars_equal_fastavro_record_by_record(monkeypatch):
     assert row["kind"] == "B" and row["price"] == Decimal("0.07") and row["lines"][1] == {"sku": "s7-1", "qty": None}
 
 
+def test_a_named_type_used_twice_beside_a_type_named_like_its_copy_decodes_through_polars():
+    """polars resolves no named-type reference, so a second use of ``Line`` is copied under a
+    name of its own; with a type of the schema already called ``Line_2``, picking that name
+    looped forever (the suffix was the count of names seen, which did not change)."""
+    from airflow_kinesis_spark.core.records import _avro_page_reader
+
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "x", "type": {"type": "record", "name": "Line", "fields": [{"name": "a", "type": "int"}]}},
+        {"name": "z", "type": {"type": "record", "name": "Line_2", "fields": [{"name": "b", "type": "int"}]}},
+        {"name": "y", "type": "Line"}]}  # fmt: skip
+    spec = RecordSettings("avro", schema=json.dumps(schema)).to_dict()
+    decoder = RecordDecoder(spec)
+    assert _avro_page_reader(spec["schema"], pa.struct(list(decoder.schema))) is not None
+    out = decoder.decode([avro_bytes(schema, {"x": {"a": i}, "z": {"b": -i}, "y": {"a": 2 * i}}) for i in range(3)])
+    assert out.dead_letters == 0 and out.columns[2].to_pylist() == [{"a": 0}, {"a": 2}, {"a": 4}]
+
+
 @pytest.mark.parametrize("polars", [True, False], ids=["polars pages", "fastavro only"])
 def test_avro_dead_letters_in_a_page_are_the_same_whichever_reader_decodes_it(monkeypatch, polars):
     """A datum with bytes after it, one cut short, and one of another schema: polars' page read
