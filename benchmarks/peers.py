@@ -6,7 +6,7 @@ twice: behind the limits proxy with the service's per-shard limits (throttled), 
 with only the response caps (unthrottled). The consumers:
 
 * ``ours``: the operator as the ``throttled`` section runs it (``execute``, spark-submit, default
-  settings: paced to the per-shard limits; unthrottled: ``read_bytes_per_second=None``, as the
+  settings: paced to the per-shard limits; unthrottled: ``ReadOptions(read_bytes_per_second=None)``, as the
   ``unthrottled`` section runs ours), its own consumer name (own checkpoints) per run;
 * ``async_kinesis``: `async-kinesis <https://github.com/hampsterx/async-kinesis>`_ (PyPI
   ``async-kinesis``, an asyncio consumer with KPL de-aggregation, resharding, DynamoDB or Redis

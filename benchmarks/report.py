@@ -142,7 +142,7 @@ def _unthrottled(n: int, results: dict[str, Any]) -> list[str]:
         "",
         f"Backlog: {u['backlog_mib']:.1f} MiB ({u['user_records']:,} user records) on a fresh stream per run. Our "
         "figure is the operator's whole run (plan, probes, read, Parquet write, commit); the naive consumer only "
-        "reads and de-aggregates. Our readers run without byte pacing here (`read_bytes_per_second=None`: there "
+        "reads and de-aggregates. Our readers run without byte pacing here (`ReadOptions(read_bytes_per_second=None)`: there "
         "is no limit to pace to). Warm means what a running micro-batch pipeline has: the consumer's Spark "
         "Connect session ran its previous batch (a small one, not measured; the naive consumer reads its records "
         "too, and they count in its rate). Moto, the proxy and both consumers share the machine's cores.",
@@ -212,7 +212,7 @@ def _shared(n: int, results: dict[str, Any]) -> list[str]:
         f"same time (polling: {s['polling']['backlog_mib']:.1f} MiB, {s['polling']['user_records']:,} user records; "
         f"enhanced fan-out: {s['efo']['backlog_mib']:.1f} MiB, {s['efo']['user_records']:,} user records, on a stream "
         "of its own): each consumer's batch runs in its own process (as Airflow runs tasks) over one Spark Connect "
-        f"server with {s['consumers']} task slots (`read_tasks=1`: one task reads every shard of a consumer's batch). "
+        f"server with {s['consumers']} task slots (`ReadOptions(read_tasks=1)`: one task reads every shard of a consumer's batch). "
         "Both go through the limits proxy: polling consumers share each shard's 2 MiB/s and 5 calls/s; "
         "SubscribeToShard (each consumer registered as a stream consumer) pushes at most 2 MiB/s per consumer and "
         "shard. Each consumer ran a first small batch before (not measured): its server session is warm. "

@@ -133,26 +133,27 @@ def use_connections(moto: str, kinesis_endpoint: str, spark_connect: tuple[str, 
 
 def ingest(stream: str, output: Path, *, connect: bool | str = False, paced: bool = True,
            max_bytes_per_shard: int | None = None, consumer: str = "bench", spark_conf: dict[str, str] | None = None,
-           **settings: Any) -> tuple[dict[str, Any], float]:  # fmt: skip
+           read_tasks: int | None = None, **settings: Any) -> tuple[dict[str, Any], float]:  # fmt: skip
     """One run of the operator; returns its summary and wall time (seconds).
 
     :param connect: ``True``: over the ``spark_connect_bench`` connection; a string: over that
         Spark Connect connection; ``False``: spark-submit.
     :param spark_conf: the spark-submit conf (default :data:`SPARK_CONF`).
-    :param settings: more operator arguments (output format, ``consumer_type``, ...).
+    :param read_tasks: ``ReadOptions.read_tasks``.
+    :param settings: more operator arguments (``output_settings``, ``record_settings``,
+        ``consumer_type``, ...).
     """
     from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+    from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 
-    if connect:
-        # The benchmark's Spark Connect server is its own: the consumer's warm session is kept from
-        # batch to batch, as a DAG author opts in to on a private server (docs/security.md).
-        settings.setdefault("spark_connect_reuse_session", True)
+    # The benchmark's Spark Connect server is its own: the consumer's warm session is kept from
+    # batch to batch, as a DAG author opts in to on a private server (docs/security.md).
+    spark = SparkSettings(conn_id=(connect if isinstance(connect, str) else "spark_connect_bench") if connect else "spark_default",
+                          conf=spark_conf or SPARK_CONF, connect_reuse_session=bool(connect))  # fmt: skip
+    read = ReadOptions(read_tasks=read_tasks) if paced else ReadOptions(read_bytes_per_second=None, read_tasks=read_tasks)
     operator = KinesisToSparkOperator(
         task_id="bench", stream_name=stream, consumer_name=consumer, checkpoint_table=f"{stream}-ckpt",
-        output_path=str(output),
-        spark_conn_id=(connect if isinstance(connect, str) else "spark_connect_bench") if connect else "spark_default",
-        spark_conf=spark_conf or SPARK_CONF, max_bytes_per_shard=max_bytes_per_shard,
-        **({} if paced else {"read_bytes_per_second": None}), **settings,
+        output_path=str(output), spark_settings=spark, read_options=read, max_bytes_per_shard=max_bytes_per_shard, **settings,
     )  # fmt: skip
     started = time.monotonic()
     summary = operator.execute({})
@@ -439,6 +440,8 @@ def section_unthrottled(b: Bench) -> dict[str, Any]:
 
 def section_fixed_cost(b: Bench) -> dict[str, Any]:
     """3. The no-data run, a small batch cold and warm, and warm into Iceberg and Delta tables."""
+    from airflow_kinesis_spark.operators.settings import OutputSettings
+
     args, kinesis, work = b.args, b.kinesis, b.work
     stream = "bench-small"
     new_stream(kinesis, stream, args.shards)
@@ -448,9 +451,9 @@ def section_fixed_cost(b: Bench) -> dict[str, Any]:
     # The table outputs: their own consumers (own checkpoints) of the same stream, so each warm
     # batch of a repetition reads the same new records in each format.
     tables = {
-        "warm_iceberg": {"consumer": "bench-iceberg", "output_format": "iceberg", "table": "bench.small",
-                         "catalog_properties": {"type": "sql", "uri": f"sqlite:///{work}/catalog.db"}},
-        "warm_delta": {"consumer": "bench-delta", "output_format": "delta"},
+        "warm_iceberg": {"consumer": "bench-iceberg", "output_settings": OutputSettings(
+            format="iceberg", table="bench.small", catalog_properties={"type": "sql", "uri": f"sqlite:///{work}/catalog.db"})},
+        "warm_delta": {"consumer": "bench-delta", "output_settings": OutputSettings(format="delta")},
     }  # fmt: skip
     small_mib = args.small_records * 300 / MIB
     ingest(stream, work / "out-small")  # first run: creates the checkpoint table; not measured
@@ -472,7 +475,7 @@ def section_fixed_cost(b: Bench) -> dict[str, Any]:
             assert summary["status"] == "committed", summary
             costs[kind].append(wall)
             if kind in tables:
-                commits[tables[kind]["output_format"]].append(summary["table"]["seconds"])
+                commits[tables[kind]["output_settings"].format].append(summary["table"]["seconds"])
         load_backlog(kinesis, stream, small_mib, b.lines)
         summary, wall = ingest(stream, work / "out-small")
         assert summary["status"] == "committed", summary
@@ -566,7 +569,7 @@ def section_shared(b: Bench) -> dict[str, Any]:
     """5. Three consumers (own checkpoints) read one backlog at once: polling, then enhanced fan-out.
 
     Each consumer's batch runs in its own process over a Spark Connect server with one task slot
-    per consumer (``read_tasks=1``: one task reads every shard of the consumer's batch), so the
+    per consumer (``ReadOptions(read_tasks=1)``: one task reads every shard of the consumer's batch), so the
     reads overlap. Both go through the limits proxy: polling consumers share each shard's
     2 MiB/s and 5 calls/s; SubscribeToShard pushes at most 2 MiB/s per consumer and shard.
     """

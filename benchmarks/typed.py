@@ -1,4 +1,4 @@
-"""``make bench`` section "typed": records decoded by schema in the Spark job (``record_format``).
+"""``make bench`` section "typed": records decoded by schema in the Spark job (``RecordSettings``).
 
 The backlogs are orders of a web shop, one user record each, with inline schemas (no registry,
 so no header before the payload):
@@ -23,7 +23,7 @@ Two measurements per format (``benchmarks/run.py``, ``section_typed``):
   decoder slower than the stream would show as a read rate below the limit. Target: >= 0.85 of
   the per-shard limit (2 MiB/s per shard).
 * **unthrottled**: on one backlog, two consumers with their own checkpoints, one raw
-  (``record_format="raw"``) and one typed, each warm over Spark Connect as the ``unthrottled``
+  (``RecordSettings(format="raw")``) and one typed, each warm over Spark Connect as the ``unthrottled``
   section runs ours (a previous small batch of the consumer, not measured), end to end (the
   ``execute`` wall time); the typed consumer's records/s over the raw one's on the same records.
   Repeated on fresh streams, which consumer runs first alternating; the median of the ratios.
@@ -115,8 +115,10 @@ _EPOCH = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
 
 def record_settings(fmt: str) -> dict[str, Any]:
-    """The operator's arguments for ``fmt`` (inline schema)."""
-    return {"record_format": fmt, "record_schema": json.dumps(JSON_SCHEMA if fmt == "json" else AVRO_SCHEMA)}
+    """The operator's arguments for ``fmt`` (inline schema): ``{"record_settings": RecordSettings(...)}``."""
+    from airflow_kinesis_spark.operators.settings import RecordSettings
+
+    return {"record_settings": RecordSettings(format=fmt, schema=json.dumps(JSON_SCHEMA if fmt == "json" else AVRO_SCHEMA))}
 
 
 class Orders:
@@ -207,7 +209,7 @@ def typed_markdown(typed: dict[str, Any], heading: str, raw_throttled_fraction: 
     lines = [
         heading,
         "",
-        "Records decoded by schema in the Spark job (`record_format`, inline `record_schema`), two backlogs of web-shop "
+        "Records decoded by schema in the Spark job (`RecordSettings`: `format`, inline `schema`), two backlogs of web-shop "
         "orders (`benchmarks/typed.py`): 8 top-level fields (`order_id`, `customer_id`, `placed_at`, `status`, `currency`, "
         "`total`, a nested `shipping_address` of 5 strings, an `items` array of objects with 4 fields each). "
         f"**JSON**: one object per record, a JSON Schema (draft 2020-12, `date-time`, `required`), {ITEMS['json'][0]} to "
@@ -239,7 +241,7 @@ def typed_markdown(typed: dict[str, Any], heading: str, raw_throttled_fraction: 
         lines += [f"Raw records in the same run (section 1): {raw_throttled_fraction:.3f} of the limit.", ""]
     lines += [
         "**Unthrottled**: typed against raw on the same records. Each repeat: a fresh stream of "
-        f"{u[FORMATS[0]]['backlog_mib']:.0f} MiB, two consumers with their own checkpoints, one raw (`record_format='raw'`) "
+        f"{u[FORMATS[0]]['backlog_mib']:.0f} MiB, two consumers with their own checkpoints, one raw (`RecordSettings(format='raw')`) "
         "and one typed, each warm over Spark Connect as section 2 runs ours (the consumer's session ran its previous batch, "
         "a small one, not measured), no byte pacing; each figure end to end (the `execute` wall time: plan, read and "
         "decode, Parquet write, commit); which consumer runs first alternates. The ratio is the typed consumer's "
@@ -311,14 +313,13 @@ def decode_cost(records: int = 10_000, repeat: int = 5) -> dict[str, Any]:
     process (no Spark): the best of ``repeat`` timings, per record and in MiB/s on one core."""
     import time
 
-    from airflow_kinesis_spark.core.records import RecordDecoder, RecordSettings
+    from airflow_kinesis_spark.core.records import RecordDecoder
 
     out: dict[str, Any] = {"records": records, "repeat": repeat}
     for fmt in FORMATS:
         orders = Orders(fmt)
         page = [orders(i) for i in range(records)]
-        settings = record_settings(fmt)
-        decoder = RecordDecoder(RecordSettings(format=fmt, schema=settings["record_schema"]).to_dict())
+        decoder = RecordDecoder(record_settings(fmt)["record_settings"].to_dict())
         best = float("inf")
         for _ in range(repeat):
             started = time.perf_counter()

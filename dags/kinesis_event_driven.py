@@ -14,7 +14,7 @@ Spark job. A triggerer needs to run (``airflow triggerer``).
 Low latency (a record's output committed seconds after it arrives): leave both thresholds empty
 (any waiting record is due), poll every 5 seconds, and make ``spark_default`` a ``spark_connect``
 connection (a warm server of this deployment; the consumer's session is reused from batch to batch, an
-opt-in: ``spark_connect_reuse_session=True``). See
+opt-in: ``SparkSettings(connect_reuse_session=True)``). See
 docs/triggers.md, "Low latency", and ``benchmarks/freshness.py``, which runs this DAG so.
 
 Settings come from environment variables (as in kinesis_microbatch.py); this DAG has its own
@@ -43,6 +43,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import Asset, AssetWatcher, dag
 
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import SparkSettings
 from airflow_kinesis_spark.triggers.kinesis import KinesisBacklogTrigger
 
 STREAM = os.environ.get("KINESIS_STREAM", "apache-access-log")
@@ -95,10 +96,12 @@ def kinesis_event_driven():
         transform="airflow_kinesis_spark.transforms.apache_log:parse_combined_log",
         max_records_per_shard=100_000,
         aws_conn_id="aws_default",
-        spark_conn_id="spark_default",
-        # A Spark Connect server of this deployment alone: keep the consumer's warm session from batch
-        # to batch (on a server other teams' clients reach, leave it off: docs/security.md).
-        spark_connect_reuse_session=True,
+        spark_settings=SparkSettings(
+            conn_id="spark_default",
+            # A Spark Connect server of this deployment alone: keep the consumer's warm session from batch
+            # to batch (on a server other teams' clients reach, leave it off: docs/security.md).
+            connect_reuse_session=True,
+        ),
     )
 
 

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import dag
 
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import SparkSettings
 
 
 # [START howto_operator_kinesis_to_spark]
@@ -50,7 +51,7 @@ def kinesis_microbatch():
         transform="airflow_kinesis_spark.transforms.apache_log:parse_combined_log",
         max_records_per_shard=100_000,
         aws_conn_id="aws_default",
-        spark_conn_id="spark_default",
+        spark_settings=SparkSettings(conn_id="spark_default"),
     )
 
 

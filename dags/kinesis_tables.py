@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import dag
 
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import OutputSettings, SparkSettings
 from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 
 STREAM = os.environ.get("KINESIS_STREAM", "apache-access-log")
@@ -58,13 +59,15 @@ def kinesis_tables():
         stream_name=STREAM,
         consumer_name="iceberg-lake",
         checkpoint_table=CHECKPOINTS,
-        output_format="iceberg",
-        table="lake.access_log",
-        catalog_properties=CATALOG,  # or catalog_conn_id="my_glue_catalog"
+        output_settings=OutputSettings(
+            format="iceberg",
+            table="lake.access_log",
+            catalog_properties=CATALOG,  # or catalog_conn_id="my_glue_catalog"
+            partition_by=["day(approximate_arrival_timestamp)"],
+        ),
         output_path=f"{ROOT}/iceberg/access_log",  # where Spark writes the files; the table's location
-        partition_by=["day(approximate_arrival_timestamp)"],
         transform=PARSE,
-        spark_conn_id=SPARK,
+        spark_settings=SparkSettings(conn_id=SPARK),
         lease_seconds=LEASE,
     )
     KinesisToSparkOperator(
@@ -72,11 +75,10 @@ def kinesis_tables():
         stream_name=STREAM,
         consumer_name="delta-lake",
         checkpoint_table=CHECKPOINTS,
-        output_format="delta",
+        output_settings=OutputSettings(format="delta", partition_by=["arrival_date"]),
         output_path=f"{ROOT}/delta/access_log",  # the Delta table
-        partition_by=["arrival_date"],
         transform=PARSE,
-        spark_conn_id=SPARK,
+        spark_settings=SparkSettings(conn_id=SPARK),
         lease_seconds=LEASE,
     )
 
@@ -88,17 +90,18 @@ def kinesis_tables():
      tags=["kinesis", "spark", "iceberg", "delta", "example", "backfill"])  # fmt: skip
 def kinesis_tables_window():
     window = {
+        "spark_settings": SparkSettings(conn_id=SPARK),
         "window_start": os.environ.get("KINESIS_WINDOW_START", "{{ (data_interval_end - macros.timedelta(hours=1)).isoformat() }}"),
         "window_end": os.environ.get("KINESIS_WINDOW_END", "{{ data_interval_end.isoformat() }}"),
     }
     KinesisWindowToSparkOperator(
-        task_id="window_iceberg", stream_name=STREAM, consumer_name="iceberg-backfill", output_format="iceberg",
-        table="lake.access_log_window", catalog_properties=CATALOG, output_path=f"{ROOT}/iceberg/access_log_window",
-        transform=PARSE, spark_conn_id=SPARK, **window,
+        task_id="window_iceberg", stream_name=STREAM, consumer_name="iceberg-backfill",
+        output_settings=OutputSettings(format="iceberg", table="lake.access_log_window", catalog_properties=CATALOG),
+        output_path=f"{ROOT}/iceberg/access_log_window", transform=PARSE, **window,
     )  # fmt: skip
     KinesisWindowToSparkOperator(
-        task_id="window_delta", stream_name=STREAM, consumer_name="delta-backfill", output_format="delta",
-        output_path=f"{ROOT}/delta/access_log_window", transform=PARSE, spark_conn_id=SPARK, **window,
+        task_id="window_delta", stream_name=STREAM, consumer_name="delta-backfill", output_settings=OutputSettings(format="delta"),
+        output_path=f"{ROOT}/delta/access_log_window", transform=PARSE, **window,
     )  # fmt: skip
 
 

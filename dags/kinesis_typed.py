@@ -1,7 +1,7 @@
 """Example: typed records. Each record's bytes are decoded by a schema into columns, and the
 records that do not decode are kept aside as dead letters.
 
-``record_format`` says what a record's bytes hold:
+``record_settings=RecordSettings(format=...)`` says what a record's bytes hold:
 
 * ``"raw"`` (the default): nothing is decoded; the output has the record's bytes in ``data``.
 * ``"json"``: one JSON object. Schema: a JSON Schema or a Spark DDL string
@@ -9,10 +9,10 @@ records that do not decode are kept aside as dead letters.
 * ``"avro"``: one Avro datum in binary encoding (no container file). Schema: the Avro schema JSON.
 * ``"protobuf"``: one serialized message. Schema: base64 of a serialized ``FileDescriptorSet``
   (``protoc --include_imports --descriptor_set_out=click.desc click.proto``, then
-  ``base64 -w0 click.desc``) plus ``record_message``, the message's full name.
+  ``base64 -w0 click.desc``) plus ``message``, the message's full name.
 
-The schema is given inline (``record_schema``) or read from AWS Glue Schema Registry
-(``schema_registry={"registry_name": ..., "schema_name": ...}`` or ``{"schema_arn": ...}``,
+The schema is given inline (``RecordSettings(schema=...)``) or read from AWS Glue Schema Registry
+(``RecordSettings(registry={"registry_name": ..., "schema_name": ...})`` or ``{"schema_arn": ...}``,
 with ``aws_conn_id``'s credentials). A registry record is in the registry's wire format (the
 serializers of ``awslabs/aws-glue-schema-registry``: an 18-byte header naming the schema
 version, then the payload, zlib-compressed or not). Each record is decoded with the version it
@@ -21,9 +21,9 @@ names. The versions are read once per batch plan, so a retry decodes with the sa
 Each output row has the metadata columns (``stream_name``, ``shard_id``, ``sequence_number``,
 ``sub_sequence_number``, ``partition_key``, ``explicit_hash_key``,
 ``approximate_arrival_timestamp``), then one column per top-level field of the schema. Nested
-records and arrays stay structs and lists. ``data`` is kept only with ``keep_raw_data=True``.
+records and arrays stay structs and lists. ``data`` is kept only with ``RecordSettings(keep_raw_data=True)``.
 When a new registry version adds a field, an Iceberg or Delta table gets a new nullable column
-with the first batch that reads it (``schema_evolution`` defaults to ``"add_columns"`` for
+with the first batch that reads it (``OutputSettings.schema_evolution`` defaults to ``"add_columns"`` for
 typed records). Older rows hold null there.
 
 A record that does not decode is a **dead letter** (malformed payload, bad compression, a
@@ -31,7 +31,7 @@ schema version the registry does not hold, a field of the wrong type). It is wri
 its ``error_kind`` and ``reason``, as Parquet under the batch's (or window's)
 ``_quarantine`` folder inside ``output_path``. The task's XCom summary counts the dead letters
 (``dead_letters``) and says where they went (``quarantine_path``). If a batch has more dead
-letters than ``max_dead_letter_fraction`` of its records (default 0.01), the batch fails and
+letters than ``RecordSettings.max_dead_letter_fraction`` of its records (default 0.01), the batch fails and
 nothing is committed, because a rate that high usually means a wrong schema or format.
 
 ``kinesis_typed`` (scheduled) has three consumers, each with its own checkpoints:
@@ -75,6 +75,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import dag
 
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import OutputSettings, RecordSettings, SparkSettings
 from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 
 ORDERS_JSON = os.environ.get("KINESIS_ORDERS_JSON_STREAM", "orders-json")
@@ -136,14 +137,11 @@ def kinesis_typed():
         stream_name=ORDERS_JSON,
         consumer_name="orders-json-iceberg",
         checkpoint_table=CHECKPOINTS,
-        output_format="iceberg",
-        table="lake.orders_json",
-        catalog_properties=CATALOG,
+        output_settings=OutputSettings(format="iceberg", table="lake.orders_json", catalog_properties=CATALOG),
         output_path=f"{ROOT}/iceberg/orders_json",
-        record_format="json",
-        schema_registry={"registry_name": REGISTRY, "schema_name": "orders-json"},
-        max_dead_letter_fraction=MAX_DEAD_LETTERS,
-        spark_conn_id=SPARK,
+        record_settings=RecordSettings(format="json", registry={"registry_name": REGISTRY, "schema_name": "orders-json"},
+                                       max_dead_letter_fraction=MAX_DEAD_LETTERS),
+        spark_settings=SparkSettings(conn_id=SPARK),
         lease_seconds=LEASE,
     )
     # Avro in the same wire format, into a Delta table.
@@ -152,12 +150,11 @@ def kinesis_typed():
         stream_name=ORDERS_AVRO,
         consumer_name="orders-avro-delta",
         checkpoint_table=CHECKPOINTS,
-        output_format="delta",
+        output_settings=OutputSettings(format="delta"),
         output_path=f"{ROOT}/delta/orders_avro",
-        record_format="avro",
-        schema_registry={"registry_name": REGISTRY, "schema_name": "orders-avro"},
-        max_dead_letter_fraction=MAX_DEAD_LETTERS,
-        spark_conn_id=SPARK,
+        record_settings=RecordSettings(format="avro", registry={"registry_name": REGISTRY, "schema_name": "orders-avro"},
+                                       max_dead_letter_fraction=MAX_DEAD_LETTERS),
+        spark_settings=SparkSettings(conn_id=SPARK),
         lease_seconds=LEASE,
     )
     # Plain protobuf messages (no registry header): the schema inline.
@@ -166,15 +163,11 @@ def kinesis_typed():
         stream_name=CLICKS,
         consumer_name="clicks-iceberg",
         checkpoint_table=CHECKPOINTS,
-        output_format="iceberg",
-        table="lake.clicks",
-        catalog_properties=CATALOG,
+        output_settings=OutputSettings(format="iceberg", table="lake.clicks", catalog_properties=CATALOG),
         output_path=f"{ROOT}/iceberg/clicks",
-        record_format="protobuf",
-        record_schema=CLICK_DESCRIPTOR,
-        record_message="demo.Click",
-        max_dead_letter_fraction=MAX_DEAD_LETTERS,
-        spark_conn_id=SPARK,
+        record_settings=RecordSettings(format="protobuf", schema=CLICK_DESCRIPTOR, message="demo.Click",
+                                       max_dead_letter_fraction=MAX_DEAD_LETTERS),
+        spark_settings=SparkSettings(conn_id=SPARK),
         lease_seconds=LEASE,
     )
 
@@ -189,14 +182,11 @@ def kinesis_typed_window():
         task_id="window_orders_json",
         stream_name=ORDERS_JSON,
         consumer_name="orders-json-backfill",
-        output_format="iceberg",
-        table="lake.orders_json_window",
-        catalog_properties=CATALOG,
+        output_settings=OutputSettings(format="iceberg", table="lake.orders_json_window", catalog_properties=CATALOG),
         output_path=f"{ROOT}/iceberg/orders_json_window",
-        record_format="json",
-        schema_registry={"registry_name": REGISTRY, "schema_name": "orders-json"},
-        max_dead_letter_fraction=MAX_DEAD_LETTERS,
-        spark_conn_id=SPARK,
+        record_settings=RecordSettings(format="json", registry={"registry_name": REGISTRY, "schema_name": "orders-json"},
+                                       max_dead_letter_fraction=MAX_DEAD_LETTERS),
+        spark_settings=SparkSettings(conn_id=SPARK),
         window_start=os.environ.get("KINESIS_WINDOW_START", "{{ (data_interval_end - macros.timedelta(hours=1)).isoformat() }}"),
         window_end=os.environ.get("KINESIS_WINDOW_END", "{{ data_interval_end.isoformat() }}"),
     )

@@ -214,6 +214,7 @@ class Batches:
 
     def run(self, label: str) -> dict[str, Any]:
         from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+        from airflow_kinesis_spark.operators.settings import ReadOptions
 
         operator = KinesisToSparkOperator(
             task_id=f"resharding_run_{len(self.runs) + 1}",
@@ -221,7 +222,7 @@ class Batches:
             consumer_name=CONSUMER,
             checkpoint_table=TABLE,
             output_path=str(self.output),
-            min_call_interval=0.0,
+            read_options=ReadOptions(min_call_interval=0.0),
         )
         started = time.monotonic()
         summary = operator.execute({})

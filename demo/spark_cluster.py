@@ -4,7 +4,7 @@ Used by the standalone-cluster test and by benchmarks that want executors in the
 
     with standalone_cluster(memory="1g", cores=2) as cluster:
         os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = cluster.connection()
-        ...  # KinesisToSparkOperator(..., spark_conn_id="spark_default")
+        ...  # KinesisToSparkOperator(..., spark_settings=SparkSettings(conn_id="spark_default"))
 
 The master and the worker are started with pyspark's ``bin/spark-class`` (``SPARK_HOME`` = the
 installed pyspark package), on free ports, each in its own process group; executors are child

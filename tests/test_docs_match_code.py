@@ -32,7 +32,8 @@ def table_after(page: str, marker: str) -> list[str]:
 
 def own_parameters(cls: type) -> set[str]:
     """The keyword parameters of ``cls`` and of the provider's classes it inherits them from
-    (the AWS arguments of ``KinesisAwsBaseOperator``), not Airflow's ``BaseOperator``'s."""
+    (the shared arguments of ``operators.base``, ``spark_settings`` of ``SparkSettingsMixin``, the
+    AWS arguments of ``KinesisAwsBaseOperator``), not Airflow's ``BaseOperator``'s."""
     return {p.name for c in cls.__mro__ if c.__module__.startswith("airflow_kinesis_spark.") and "__init__" in vars(c)
             for p in inspect.signature(c.__init__).parameters.values()
             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"}  # fmt: skip

@@ -62,17 +62,17 @@ def _output_spec(sink: Sink | None, *, planning: bool = False) -> dict[str, Any]
 #: difference there, someone else wrote the table.
 _SET_BY = {
     "output location": "output_path",
-    "output format": "output_format",
-    "partitioning": "partition_by",
-    "max records per file": "max_records_per_file",
-    "target file size": "target_file_size",
-    "derived columns": "output_format, partition_by",
+    "output format": "output_settings.format",
+    "partitioning": "output_settings.partition_by",
+    "max records per file": "output_settings.max_records_per_file",
+    "target file size": "output_settings.target_file_size",
+    "derived columns": "output_settings.format, output_settings.partition_by",
     "consumer type": "consumer_type",
     "transform": "transform",
     "max records per shard": "max_records_per_shard",
     "max bytes per shard": "max_bytes_per_shard",
     "initial position": "initial_position, initial_timestamp",
-    "output records": "record_format, record_schema, record_message, schema_registry, keep_raw_data, max_dead_letter_fraction",
+    "output records": "record_settings",
 }
 #: Keys of a stored output spec (``OutputSpec.to_dict``) and how differences in them are named.
 _OUTPUT_ITEMS = {"format": "output format", "partition": "partitioning", "max_records_per_file": "max records per file",

@@ -509,10 +509,10 @@ def check_dead_letters(plan: BatchPlan, reports: Sequence[ShardReport]) -> None:
     what = f"batch {plan.batch_id}" if plan.mode == "incremental" else "the window"
     raise DeadLetterLimitError(
         f"{dead} of {what}'s {records} records ({dead / records:.1%}) did not decode as {spec.get('format')} records "
-        f"(max_dead_letter_fraction={limit}): that many is a wrong record_format or schema, not bad records. Nothing was "
+        f"(max_dead_letter_fraction={limit}): that many is a wrong record format or schema, not bad records. Nothing was "
         f"committed{'; the batch stays pending' if plan.mode == 'incremental' else ''}. The dead letters, with each "
-        f"record's error, are under {plan.output_location}/_quarantine: read a few, then fix record_format / "
-        "record_schema / schema_registry, or raise max_dead_letter_fraction if these records really are bad; either "
+        f"record's error, are under {plan.output_location}/_quarantine: read a few, then fix the task's record_settings "
+        "(RecordSettings: format, schema or registry), or raise its max_dead_letter_fraction if these records really are bad; either "
         "way discard the pending batch (kinesis-spark discard-pending): its plan holds the settings it was planned with.",
         batch_id=plan.batch_id, records=records, dead_letters=dead, limit=limit,
     )  # fmt: skip

@@ -53,7 +53,7 @@ class ReadOptions:
     :param read_bytes_per_second: per-shard read budget the readers pace themselves to (bytes
         per second; default 2 MiB/s, the service's per-shard limit), or ``None`` for no pacing.
     :param read_tasks: Spark tasks reading the ranges, or ``None`` for Spark's default parallelism.
-    :raises ValueError: a value out of range, named as the operators' parameter.
+    :raises ValueError: a value out of range, naming the field.
     """
 
     limit: int = GET_RECORDS_MAX_LIMIT
@@ -63,15 +63,15 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= GET_RECORDS_MAX_LIMIT:
-            raise ValueError(f"get_records_limit must be 1..10,000 (GetRecords Limit); got {self.limit!r}")
+            raise ValueError(f"ReadOptions.limit must be 1..10,000 (GetRecords Limit); got {self.limit!r}")
         if not self.min_call_interval >= 0:
-            raise ValueError(f"min_call_interval must be >= 0 seconds; got {self.min_call_interval!r}")
+            raise ValueError(f"ReadOptions.min_call_interval must be >= 0 seconds; got {self.min_call_interval!r}")
         if self.read_bytes_per_second is not None and not self.read_bytes_per_second > 0:
             raise ValueError(
-                f"read_bytes_per_second must be > 0 (bytes per second per shard) or None; got {self.read_bytes_per_second!r}"
+                f"ReadOptions.read_bytes_per_second must be > 0 (bytes per second per shard) or None; got {self.read_bytes_per_second!r}"
             )
         if self.read_tasks is not None and (isinstance(self.read_tasks, bool) or not isinstance(self.read_tasks, int) or self.read_tasks < 1):
-            raise ValueError(f"read_tasks must be a positive integer or None; got {self.read_tasks!r}")
+            raise ValueError(f"ReadOptions.read_tasks must be a positive integer or None; got {self.read_tasks!r}")
 
     def job_options(self, records_expected: bool) -> dict[str, Any]:
         """What the Spark job's ``run`` takes as ``options`` (JSON-safe)."""

@@ -249,7 +249,7 @@ def proto_descriptor(schema: str, message: str) -> Any:
     try:
         files = descriptor_pb2.FileDescriptorSet.FromString(base64.b64decode(schema, validate=True))
     except (binascii.Error, ValueError, Exception) as err:  # noqa: BLE001 - protobuf's DecodeError is not a ValueError
-        raise ValueError(f"record_schema for protobuf must be base64 of a serialized FileDescriptorSet "
+        raise ValueError(f"RecordSettings.schema for protobuf must be base64 of a serialized FileDescriptorSet "
                          f"(protoc --include_imports --descriptor_set_out=FILE): {err}") from err  # fmt: skip
     pool = descriptor_pool.DescriptorPool()
     for proto in files.file:
@@ -258,7 +258,7 @@ def proto_descriptor(schema: str, message: str) -> Any:
         return pool.FindMessageTypeByName(message)
     except KeyError as err:
         names = [f"{p.package}.{m.name}".lstrip(".") for p in files.file for m in p.message_type]
-        raise ValueError(f"record_message {message!r} is not in the descriptor set (messages: {', '.join(names)})") from err
+        raise ValueError(f"RecordSettings.message {message!r} is not in the descriptor set (messages: {', '.join(names)})") from err
 
 
 def _proto_type(descriptor: Any, path: str, depth: int = 0) -> Any:

@@ -1,6 +1,6 @@
 """Typed records: the user records' bytes decoded by schema into columns, or kept as dead letters.
 
-``record_format`` (:data:`RECORD_FORMATS`) says what a user record's ``data`` holds:
+``RecordSettings.format`` (:data:`RECORD_FORMATS`) says what a user record's ``data`` holds:
 
 * ``raw`` (the default): nothing is decoded; the output has the ``data`` column.
 * ``json``: one JSON object per record (UTF-8). The schema is a JSON Schema (draft 4 to 2020-12:
@@ -66,7 +66,7 @@ __all__ = [
     "resolve_registry",
 ]
 
-#: ``record_format`` values.
+#: ``RecordSettings.format`` values.
 RECORD_FORMATS = ("raw", "json", "avro", "protobuf")
 #: Why a record is a dead letter: its payload does not parse in the format (``malformed_payload``;
 #: also a registry header of another version), the registry header's compression byte is unknown
@@ -124,32 +124,32 @@ class RecordSettings:
 
     def __post_init__(self) -> None:
         if self.format not in RECORD_FORMATS:
-            raise ValueError(f"record_format must be one of {', '.join(RECORD_FORMATS)}; got {self.format!r}")
+            raise ValueError(f"RecordSettings.format must be one of {', '.join(RECORD_FORMATS)}; got {self.format!r}")
         fraction = self.max_dead_letter_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
-            raise ValueError(f"max_dead_letter_fraction must be a number from 0 to 1; got {fraction!r}")
+            raise ValueError(f"RecordSettings.max_dead_letter_fraction must be a number from 0 to 1; got {fraction!r}")
         if self.format == "raw":
             if self.schema or self.registry or self.message or self.keep_raw_data:
-                raise ValueError("record_schema, record_message, schema_registry and keep_raw_data apply to record_format "
-                                 "'json', 'avro' or 'protobuf'; record_format='raw' writes the records' bytes as they are")  # fmt: skip
+                raise ValueError("RecordSettings.schema, message, registry and keep_raw_data apply to format "
+                                 "'json', 'avro' or 'protobuf'; format='raw' writes the records' bytes as they are")  # fmt: skip
             return
         if bool(self.schema) == bool(self.registry):
-            raise ValueError(f"record_format={self.format!r} needs a schema: record_schema (inline) or schema_registry "
+            raise ValueError(f"RecordSettings(format={self.format!r}) needs a schema: schema (inline) or registry "
                              "({'registry_name': ..., 'schema_name': ...} or {'schema_arn': ...}, AWS Glue Schema "
                              "Registry), one of the two")  # fmt: skip
         if self.registry is not None:
             keys = set(self.registry)
             if keys not in ({"registry_name", "schema_name"}, {"schema_arn"}):
-                raise ValueError("schema_registry must be {'registry_name': ..., 'schema_name': ...} or {'schema_arn': "
+                raise ValueError("RecordSettings.registry must be {'registry_name': ..., 'schema_name': ...} or {'schema_arn': "
                                  f"'arn:aws:glue:...:schema/registry/schema'}}; got keys {sorted(keys)}")  # fmt: skip
             if self.format == "protobuf":
-                raise ValueError("record_format='protobuf' takes its schema inline (record_schema: a base64 FileDescriptorSet, "
-                                 "record_message: the message's full name): registry Protobuf schemas are .proto text, "
+                raise ValueError("RecordSettings(format='protobuf') takes its schema inline (schema: a base64 FileDescriptorSet, "
+                                 "message: the message's full name): registry Protobuf schemas are .proto text, "
                                  "which this provider does not compile")  # fmt: skip
         if self.format == "protobuf" and not self.message:
-            raise ValueError("record_format='protobuf' needs record_message: the message's full name, e.g. 'shop.v1.Order'")
+            raise ValueError("RecordSettings(format='protobuf') needs message: the message's full name, e.g. 'shop.v1.Order'")
         if self.format != "protobuf" and self.message:
-            raise ValueError("record_message applies to record_format='protobuf'")
+            raise ValueError("RecordSettings.message applies to format='protobuf'")
         if self.schema:
             decoded_schema(self.to_dict())  # an inline schema that does not convert fails here, before any run
 
@@ -202,7 +202,7 @@ def resolve_registry(glue: GlueClient, settings: RecordSettings) -> dict[str, An
     want = _REGISTRY_FORMATS[settings.format]
     if described.get("DataFormat") != want:
         raise ValueError(f"schema {name} in AWS Glue Schema Registry holds {described.get('DataFormat')} schemas, but "
-                         f"record_format is {settings.format!r} ({want}); set record_format to match the registry's schema")  # fmt: skip
+                         f"the task's RecordSettings.format is {settings.format!r} ({want}); set it to match the registry's schema")  # fmt: skip
     versions: dict[str, Any] = {}
     for number in range(1, int(described.get("LatestSchemaVersion") or 0) + 1):
         try:
@@ -269,7 +269,7 @@ def decoded_schema(spec: Mapping[str, Any]) -> Any:
     taken = [f.name for f in fields if f.name in _RESERVED]
     if taken:
         raise ValueError(f"the record schema's fields {taken} have the names of the provider's metadata columns "
-                         f"({', '.join(_RESERVED)}); rename them in the schema, or use record_format='raw' and a transform")  # fmt: skip
+                         f"({', '.join(_RESERVED)}); rename them in the schema, or use RecordSettings(format='raw') and a transform")  # fmt: skip
     return pa.schema(fields)
 
 

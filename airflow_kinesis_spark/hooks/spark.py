@@ -87,11 +87,11 @@ class SparkSubmitJob:
     are owned (:mod:`airflow_kinesis_spark.hooks.spark_submit`). The spark-submit
     process dies with this worker (:mod:`airflow_kinesis_spark.die_with_parent`, through the
     wrapper), and :meth:`kill` stops it through the hook's ``on_kill``. On a local master the Spark UI is off and its kill
-    links disabled (set ``spark.ui.enabled`` in ``spark_conf`` to turn it back on; it then binds to
+    links disabled (set ``spark.ui.enabled`` in ``SparkSettings.conf`` to turn it back on; it then binds to
     the driver's host). Spark logs warnings and errors only: the job's log4j 2 configuration
     (:data:`~airflow_kinesis_spark.hooks.spark_logs.LOG4J_CONFIG`,
     :func:`~airflow_kinesis_spark.hooks.spark_logs.with_log_config`) goes with it;
-    ``spark.log.level`` in ``spark_conf`` (e.g. ``INFO``) sets its level. The job's files are in a
+    ``spark.log.level`` in ``SparkSettings.conf`` (e.g. ``INFO``) sets its level. The job's files are in a
     private temporary directory, removed when the run ends, and by the next run if this one was
     killed (:func:`~airflow_kinesis_spark.hooks.spark_temp.batch_temp_dir`, :class:`SparkJob`); on a
     local master Spark's own scratch space is there too.
@@ -254,7 +254,7 @@ class SparkSubmitJob:
         name = f"kinesis-batch-{stream_name}-{consumer_name}-{batch_id}"
         conf = dict(s.spark_conf)
         if connection.is_local:
-            conf = {**LOCAL_UI_CONF, **conf}  # the DAG author's spark_conf wins
+            conf = {**LOCAL_UI_CONF, **conf}  # the DAG author's SparkSettings.conf wins
         conf, files = with_log_config(conf, master=connection.master, cluster_deploy_mode=connection.cluster_deploy_mode)
         # On YARN and Kubernetes the provider turns env_vars into --conf options on the command
         # line; credentials must not go there, so the cluster's own role is used instead.

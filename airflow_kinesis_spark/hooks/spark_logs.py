@@ -70,7 +70,7 @@ def with_log_config(conf: dict[str, Any], *, master: str, cluster_deploy_mode: b
     """
     level = str(conf.get(LOG_LEVEL_CONF) or "WARN").strip().upper()
     if level not in LOG_LEVELS:
-        raise ValueError(f"spark_conf {LOG_LEVEL_CONF!r} must be one of {', '.join(LOG_LEVELS)}; got {conf[LOG_LEVEL_CONF]!r}")
+        raise ValueError(f"SparkSettings.conf {LOG_LEVEL_CONF!r} must be one of {', '.join(LOG_LEVELS)}; got {conf[LOG_LEVEL_CONF]!r}")
     keys = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
     if any("log4j2.configurationFile" in str(conf.get(k) or "") or "log4j.configurationFile" in str(conf.get(k) or "") for k in keys):
         return conf, None  # the DAG author's own logging configuration

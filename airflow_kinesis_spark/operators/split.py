@@ -34,30 +34,29 @@ from airflow.sdk import BaseOperator, BaseXCom, Context, TaskGroup
 from airflow.sdk.bases.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_kinesis_spark.failures import task_errors
-from airflow_kinesis_spark.core.records import DEFAULT_MAX_DEAD_LETTER_FRACTION
 from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.protocol import prepare_incremental
+from airflow_kinesis_spark.core.records import RecordSettings
+from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, output_uri
+from airflow_kinesis_spark.operators.base import KinesisIncrementalBaseOperator, refuse_arguments
 from airflow_kinesis_spark.operators.handoff import commit_event, commit_or_raise, handed_event
+from airflow_kinesis_spark.operators.output import OutputSettingsMixin
+from airflow_kinesis_spark.operators.settings import OutputSettings, refuse_moved_arguments
 from airflow_kinesis_spark.settings import deferral_requested, transform_allowed_modules
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, refuse_arguments
-from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
 from airflow_kinesis_spark.triggers.kinesis import KinesisBatchReportTrigger
 
 __all__ = ["KinesisPlanBatchOperator", "KinesisCommitBatchOperator", "kinesis_batch_task_group", "JOB_ARGUMENTS_KEY", "DEFAULT_ARG"]
 
 #: XCom key of the plan task's job arguments (a list of strings).
 JOB_ARGUMENTS_KEY = "job_arguments"
-#: Arguments of :class:`KinesisToSparkOperator` that belong to the job task, not the plan task.
-JOB_TASK_ONLY = (
-    "spark_conn_id", "spark_conf", "spark_py_files", "spark_connect_reuse_session", "job_credentials", "deferrable",
-    "poke_interval", "job_start_timeout",
-)  # fmt: skip
+#: Arguments of ``KinesisToSparkOperator`` that belong to the job task (and, for the wait, the
+#: commit task), not the plan task: refused by it, saying why.
+JOB_TASK_ONLY = ("spark_settings", "deferrable", "poke_interval", "job_start_timeout")
 
 
-class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
+class KinesisPlanBatchOperator(KinesisIncrementalBaseOperator, SkipMixin):
     """The plan task of a split task group: plan and persist one incremental batch, hand it over.
 
     Re-uses a pending batch (never replaces it), or plans, probes and persists a new one, exactly
@@ -67,11 +66,12 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
     :param job_task_ids: the job tasks to skip when there is nothing to read (default: every
         direct downstream task that is not a :class:`KinesisCommitBatchOperator`).
     :param output_asset: default ``False`` here: the commit task makes the batch visible.
-    :param kwargs: :class:`KinesisToSparkOperator`'s planning and reading arguments (stream,
-        consumer, checkpoint table, output path, cutoff, initial position, caps,
-        ``allow_data_loss``, ``lease_seconds``, table settings, connection; ``transform`` and the
-        reader options go into the job's arguments). Its Spark arguments (:data:`JOB_TASK_ONLY`)
-        belong to the job task and are refused.
+    :param kwargs: the planning and reading arguments of
+        :class:`~airflow_kinesis_spark.operators.base.KinesisIncrementalBaseOperator` (stream,
+        consumer, checkpoint table, output path, ``output_settings``, ``record_settings``, cutoff, initial
+        position, caps, ``allow_data_loss``, ``lease_seconds``; ``transform`` and ``read_options`` go
+        into the job's arguments). ``KinesisToSparkOperator``'s ``spark_settings`` and deferral arguments
+        (:data:`JOB_TASK_ONLY`) belong to the job and commit tasks and are refused.
     :returns: (XCom) ``status`` (``pending``: a job must run; else the summary's status:
         ``no_new_records``, ``committed_without_records``, ``committed``), ``batch_id``,
         ``lease_owner``, ``lease_seconds``, ``output_location``, ``reused_plan``,
@@ -85,8 +85,9 @@ class KinesisPlanBatchOperator(KinesisToSparkOperator, SkipMixin):
     ui_color = "#fbd7a8"
 
     def __init__(self, *, job_task_ids: Sequence[str] | None = None, output_asset: bool = False, **kwargs: Any) -> None:
-        refuse_arguments("KinesisPlanBatchOperator", kwargs, JOB_TASK_ONLY,
-                         "they belong to the job task (the operator that runs kinesis_batch.py)")
+        refuse_arguments(type(self).__name__, kwargs, JOB_TASK_ONLY,
+                         "they belong to the job task (the operator that runs kinesis_batch.py) and, for the wait, "
+                         "to the commit task")  # fmt: skip
         super().__init__(output_asset=output_asset, **kwargs)
         self.job_task_ids = list(job_task_ids) if job_task_ids is not None else None
 
@@ -155,9 +156,12 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
     :param output_path: the output root (templated): the committed records of Parquet batches, the
         Delta table, the Iceberg table's files; the asset event. ``None``: no asset and, for
         Parquet, no committed record.
-    :param output_format: and the other output settings (``table``, ``catalog_conn_id``, ...): the
-        plan task's, for the table commit this task makes before the checkpoint commit
-        (:class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`).
+    :param output_settings: the output settings
+        (:class:`~airflow_kinesis_spark.operators.settings.OutputSettings`), the plan task's: for
+        the table commit this task makes before the checkpoint commit; templated as there.
+    :param record_settings: the plan task's record settings
+        (:class:`~airflow_kinesis_spark.core.records.RecordSettings`): a typed batch's table
+        columns and dead-letter limit.
     :param output_asset: declare the output root as an Asset outlet (as :class:`KinesisToSparkOperator`).
     :param deferrable: wait in the triggerer while the job runs. ``None`` (default): Airflow's
         ``[operators] default_deferrable``, read when the task runs.
@@ -174,7 +178,7 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        *OUTPUT_TEMPLATE_FIELDS, "stream_name", "consumer_name", "checkpoint_table", "output_path", *AWS_TEMPLATE_FIELDS,
+        "output_settings", "stream_name", "consumer_name", "checkpoint_table", "output_path", *AWS_TEMPLATE_FIELDS,
     )  # fmt: skip
     ui_color = "#f4a460"
 
@@ -182,23 +186,12 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         self, *, stream_name: str, consumer_name: str, checkpoint_table: str, plan_task_id: str,
         output_path: str | None = None, output_asset: bool = True,
         deferrable: bool | None = None, poke_interval: float = 10.0,
-        job_start_timeout: float = 600.0,
-        output_format: str = "parquet", table: str | None = None, catalog_conn_id: str | None = None,
-        catalog_properties: dict[str, str] | None = None, partition_by: Sequence[str] | None = None,
-        max_records_per_file: int = 0, storage_options: dict[str, str] | None = None, target_file_size: int = 0,
-        shared_output: bool = False, schema_evolution: str | None = None, record_format: str = "raw", record_schema: str | None = None, record_message: str | None = None,
-        schema_registry: dict[str, str] | None = None, keep_raw_data: bool = False,
-        max_dead_letter_fraction: float = DEFAULT_MAX_DEAD_LETTER_FRACTION,
+        job_start_timeout: float = 600.0, output_settings: OutputSettings | None = None, record_settings: RecordSettings | None = None,
         **kwargs: Any,
     ) -> None:  # fmt: skip
+        refuse_moved_arguments(type(self).__name__, kwargs, ("output_settings", "record_settings"))
         super().__init__(**kwargs)
-        self._init_output(
-            output_format=output_format, table=table, catalog_conn_id=catalog_conn_id, catalog_properties=catalog_properties,
-            partition_by=partition_by, max_records_per_file=max_records_per_file, storage_options=storage_options,
-            target_file_size=target_file_size, shared_output=shared_output, schema_evolution=schema_evolution,
-            record_format=record_format, record_schema=record_schema, record_message=record_message,
-            schema_registry=schema_registry, keep_raw_data=keep_raw_data, max_dead_letter_fraction=max_dead_letter_fraction,
-        )  # fmt: skip
+        self._init_output(output_settings, record_settings)
         self.stream_name = stream_name
         self.consumer_name = consumer_name
         self.checkpoint_table = checkpoint_table
@@ -260,8 +253,8 @@ class KinesisCommitBatchOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
     def _sink(self) -> Any:
         """The output form (``None`` without an output path: plain Parquet, no committed record)."""
         if not self.output_path:
-            if self.output_format != "parquet":
-                raise AirflowFailException(f"output_format {self.output_format!r} needs output_path on the commit task")
+            if self.output_settings.format != "parquet":
+                raise AirflowFailException(f"output format {self.output_settings.format!r} needs output_path on the commit task")
             return None
         self.validate_output()
         return self.sink
@@ -300,22 +293,8 @@ def kinesis_batch_task_group(
     verify: Any = DEFAULT_ARG,
     botocore_config: Any = DEFAULT_ARG,
     commit_kwargs: dict[str, Any] | None = None,
-    output_format: str = "parquet",
-    table: str | None = None,
-    catalog_conn_id: str | None = None,
-    catalog_properties: dict[str, str] | None = None,
-    partition_by: Sequence[str] | None = None,
-    max_records_per_file: int = 0,
-    storage_options: dict[str, str] | None = None,
-    target_file_size: int = 0,
-    shared_output: bool = False,
-    schema_evolution: str | None = None,
-    record_format: str = "raw",
-    record_schema: str | None = None,
-    record_message: str | None = None,
-    schema_registry: dict[str, str] | None = None,
-    keep_raw_data: bool = False,
-    max_dead_letter_fraction: float = DEFAULT_MAX_DEAD_LETTER_FRACTION,
+    output_settings: OutputSettings | None = None,
+    record_settings: RecordSettings | None = None,
     **plan_kwargs: Any,
 ) -> TaskGroup:
     """Plan, job and commit tasks of one incremental batch, as a task group ``group_id``.
@@ -337,37 +316,31 @@ def kinesis_batch_task_group(
         (:data:`DEFAULT_ARG`): the DAG's ``default_args``, else the operators' defaults.
     :param commit_kwargs: extra arguments of :class:`KinesisCommitBatchOperator` (``poke_interval``,
         ``job_start_timeout``, ``retries``, ...).
-    :param output_format: and ``table``, ``catalog_conn_id``, ``catalog_properties``,
-        ``partition_by``, ``max_records_per_file``, ``target_file_size``, ``storage_options``, ``shared_output``,
-        ``schema_evolution``, ``record_format``, ``record_schema``, ``record_message``,
-        ``schema_registry``, ``keep_raw_data``, ``max_dead_letter_fraction``: the output settings, given
-        to the plan task (stored in the plan: what the job writes) and the commit task (the table
-        commit) alike.
+    :param output_settings: the output settings
+        (:class:`~airflow_kinesis_spark.operators.settings.OutputSettings`), given to the plan
+        task (stored in the plan: what the job writes) and the commit task (the table commit) alike.
+    :param record_settings: the record settings (:class:`~airflow_kinesis_spark.core.records.RecordSettings`),
+        given to both tasks alike.
     :param plan_kwargs: arguments of :class:`KinesisPlanBatchOperator` (cutoff, initial position,
         caps, transform, reader options, ...).
     :returns: the task group (plan >> job >> commit; the commit runs when the job was skipped).
     """
-    output = {"output_format": output_format, "table": table, "catalog_conn_id": catalog_conn_id,
-              "catalog_properties": catalog_properties, "partition_by": partition_by,
-              "max_records_per_file": max_records_per_file, "storage_options": storage_options,
-              "target_file_size": target_file_size, "shared_output": shared_output,
-              "schema_evolution": schema_evolution, "record_format": record_format, "record_schema": record_schema,
-              "record_message": record_message, "schema_registry": schema_registry, "keep_raw_data": keep_raw_data,
-              "max_dead_letter_fraction": max_dead_letter_fraction}  # fmt: skip
+    refuse_moved_arguments("kinesis_batch_task_group", plan_kwargs, ("output_settings", "record_settings", "read_options"))
     # Only the AWS arguments given here: the others come from the DAG's default_args, as for any operator.
     aws = {name: value for name, value in (("aws_conn_id", aws_conn_id), ("region_name", region_name), ("verify", verify),
                                            ("botocore_config", botocore_config)) if value is not DEFAULT_ARG}  # fmt: skip
     with TaskGroup(group_id) as group:
         plan = KinesisPlanBatchOperator(
             task_id="plan", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,
-            output_path=output_path, lease_seconds=lease_seconds, **aws, **output, **plan_kwargs,
+            output_path=output_path, lease_seconds=lease_seconds, output_settings=output_settings, record_settings=record_settings, **aws,
+            **plan_kwargs,
         )  # fmt: skip
         job_task = job(plan.output[JOB_ARGUMENTS_KEY])
         plan.job_task_ids = [job_task.task_id]
         commit = KinesisCommitBatchOperator(
             task_id="commit", stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,
             plan_task_id=plan.task_id, output_path=output_path, deferrable=deferrable, trigger_rule="none_failed", **aws,
-            **output, **(commit_kwargs or {}),
+            output_settings=output_settings, record_settings=record_settings, **(commit_kwargs or {}),
         )  # fmt: skip
         plan >> job_task >> commit
     return group

@@ -10,7 +10,8 @@ from airflow.sdk import Context
 
 from airflow_kinesis_spark.core.positions import parse_timestamp
 from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
-from airflow_kinesis_spark.operators.output import OUTPUT_TEMPLATE_FIELDS, OutputSettingsMixin
+from airflow_kinesis_spark.operators.output import OutputSettingsMixin
+from airflow_kinesis_spark.operators.settings import OutputSettings, refuse_moved_arguments
 
 __all__ = ["KinesisTableCompactionOperator"]
 
@@ -29,39 +30,41 @@ class KinesisTableCompactionOperator(OutputSettingsMixin, KinesisAwsBaseOperator
     retried by the batch. Replaced files stay until snapshots expire (Iceberg) or ``vacuum``
     (Delta). Costs: docs/output.md.
 
-    :param output_format: ``iceberg`` or ``delta``; with ``output_path``, ``table``,
-        ``catalog_conn_id``, ``catalog_properties``, ``storage_options`` as the ingestion task's
-        (:class:`~airflow_kinesis_spark.operators.output.OutputSettingsMixin`).
+    :param output_path: the output root, as the ingestion task's (templated).
+    :param output_settings: the ingestion task's output settings
+        (:class:`~airflow_kinesis_spark.operators.settings.OutputSettings`): ``format``
+        ``iceberg`` or ``delta``, ``table``, ``catalog_conn_id``, ``catalog_properties``,
+        ``storage_options``; for Delta, ``target_file_size`` is the compacted files' target size
+        in bytes (0: the table's ``delta.targetFileSize``, delta-rs default 100 MiB). Templated
+        as there.
     :param start: / :param end: the arrival-time range (ISO 8601 or datetime, UTC; templated).
         Default: the run's data interval.
-    :param target_file_size: Delta: the files' target size in bytes (0: the table's
-        ``delta.targetFileSize``, delta-rs default 100 MiB).
     :returns: (XCom) ``table``, ``files_before``, ``files_after`` and ``snapshot_id`` (Iceberg) or
         ``version`` (Delta).
-    :raises ValueError: ``output_format`` ``parquet``, or no range.
+    :raises ValueError: format ``parquet``, or no range.
     :raises TableCommitError: the table does not exist.
     """
 
-    template_fields: Sequence[str] = (*OUTPUT_TEMPLATE_FIELDS, "output_path", "start", "end", *AWS_TEMPLATE_FIELDS)
+    template_fields: Sequence[str] = ("output_settings", "output_path", "start", "end", *AWS_TEMPLATE_FIELDS)
     ui_color = "#f4a460"
 
     def __init__(
-        self, *, output_format: str, output_path: str, table: str | None = None, catalog_conn_id: str | None = None,
-        catalog_properties: dict[str, str] | None = None, storage_options: dict[str, str] | None = None,
-        start: str | datetime | None = None, end: str | datetime | None = None, target_file_size: int = 0,
-        **kwargs: Any,
+        self, *, output_path: str, output_settings: OutputSettings, start: str | datetime | None = None,
+        end: str | datetime | None = None, **kwargs: Any,
     ) -> None:  # fmt: skip
+        refuse_moved_arguments(type(self).__name__, kwargs, ("output_settings",))
+        if output_settings is None:
+            raise TypeError("KinesisTableCompactionOperator needs output_settings: the ingestion task's OutputSettings "
+                            "(format 'iceberg' or 'delta', table, catalog)")  # fmt: skip
         super().__init__(**kwargs)
-        self._init_output(output_format=output_format, table=table, catalog_conn_id=catalog_conn_id,
-                          catalog_properties=catalog_properties, storage_options=storage_options,
-                          target_file_size=target_file_size)  # fmt: skip
+        self._init_output(output_settings, None)
         self.output_path = output_path
         self.start = start
         self.end = end
 
     def execute(self, context: Context) -> dict[str, Any]:
-        if self.output_format == "parquet":
-            raise ValueError("output_format 'parquet' has no table to compact: compaction is for 'iceberg' and 'delta'")
+        if self.output_settings.format == "parquet":
+            raise ValueError("OutputSettings.format 'parquet' has no table to compact: compaction is for 'iceberg' and 'delta'")
         self.validate_output()
         start = self.start or context.get("data_interval_start")
         end = self.end or context.get("data_interval_end")
@@ -70,6 +73,6 @@ class KinesisTableCompactionOperator(OutputSettingsMixin, KinesisAwsBaseOperator
         start, end = parse_timestamp(start), parse_timestamp(end)
         if start >= end:
             raise ValueError(f"start must be before end; got [{start.isoformat()}, {end.isoformat()})")
-        result = self.sink.compact(start, end, target_size=(self.target_file_size or None) if self.output_format == "delta" else None)
+        result = self.sink.compact(start, end, target_size=(self.output_settings.target_file_size or None) if self.output_settings.format == "delta" else None)
         self.log.info("Compacted %s: %s", self.sink.table, result)
         return result

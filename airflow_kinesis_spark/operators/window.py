@@ -14,21 +14,24 @@ from airflow.sdk import Context
 
 from airflow_kinesis_spark.core.positions import parse_timestamp
 from airflow_kinesis_spark.core.window_run import WindowSettings, run_window
-from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator, refuse_arguments
+from airflow_kinesis_spark.operators.base import KinesisBatchBaseOperator, refuse_arguments
+from airflow_kinesis_spark.operators.settings import SparkSettings
+from airflow_kinesis_spark.operators.spark_settings import SparkSettingsMixin
 
 __all__ = ["INCREMENTAL_ONLY", "KinesisWindowToSparkOperator"]
 
-#: Arguments of :class:`KinesisToSparkOperator` that :class:`KinesisWindowToSparkOperator` refuses:
-#: where an incremental batch starts and stops, its lease and hand-over, its batch log.
+#: Arguments of ``KinesisToSparkOperator`` that :class:`KinesisWindowToSparkOperator` does not take
+#: (and refuses, saying why): where an incremental batch starts and stops, its lease and
+#: hand-over, its batch log.
 INCREMENTAL_ONLY = ("cutoff", "initial_position", "initial_timestamp", "max_records_per_shard", "max_bytes_per_shard",
                     "lease_seconds", "keep_batches", "deferrable", "poke_interval", "job_start_timeout")  # fmt: skip
 
 
-class KinesisWindowToSparkOperator(KinesisToSparkOperator):
+class KinesisWindowToSparkOperator(SparkSettingsMixin, KinesisBatchBaseOperator):
     """Read a past time window ``[window_start, window_end)`` of a stream into Parquet (backfill).
 
-    Window mode of :class:`KinesisToSparkOperator`, with all of its machinery (Spark job, transform,
-    credentials, validation). Every shard that may have been open during the window is read,
+    Window mode of ``KinesisToSparkOperator``, with the same machinery (Spark job, transform,
+    credentials, validation) and without its checkpoints. Every shard that may have been open during the window is read,
     closed ones included, from an ``AT_TIMESTAMP window_start`` iterator to the first record
     arriving at or after ``window_end``. Output goes to ``{output_path}/window={label}`` (see
     ``core.window.window_label``), overwritten on re-run: the same window gives the same rows, so
@@ -49,7 +52,7 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         of window, no more than needed to give ``parallelism`` Spark tasks work.
     :param slice_length: the shortest slice worth a task when deriving (default 15 minutes).
     :param parallelism: Spark tasks to keep busy when deriving; default ``spark.default.parallelism``
-        from ``spark_conf``, else the CPU count.
+        from ``spark_settings.conf``, else the CPU count.
     :param consumer_name: only names the Spark application and the window's items in
         ``checkpoint_table`` (default ``window``).
     :param checkpoint_table: a DynamoDB table (templated) through which a spark-submit job takes
@@ -67,12 +70,17 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         ``allow_data_loss``).
     :raises ValueError: ``window_start >= window_end``, an end in the future, or other bad arguments.
 
-    Other parameters are those of :class:`KinesisToSparkOperator` but its incremental ones
-    (:data:`INCREMENTAL_ONLY`: where a batch starts and stops, its lease and hand-over, the batch
-    log), which a window does not use and refuses (``TypeError``).
+    :param spark_settings: where the job runs (:class:`~airflow_kinesis_spark.operators.settings.SparkSettings`).
+
+    The output (``output_settings``, ``record_settings``), ``read_options``, ``transform``, ``consumer_type``,
+    ``output_asset`` and the AWS arguments are those of
+    :class:`~airflow_kinesis_spark.operators.base.KinesisBatchBaseOperator`. The incremental
+    arguments of ``KinesisToSparkOperator`` (:data:`INCREMENTAL_ONLY`: where a batch starts and
+    stops, its lease and hand-over, the batch log) are refused with a ``TypeError`` that says why.
     """
 
-    template_fields: Sequence[str] = (*KinesisToSparkOperator.template_fields, "window_start", "window_end")
+    settings_arguments: Sequence[str] = (*KinesisBatchBaseOperator.settings_arguments, "spark_settings")
+    template_fields: Sequence[str] = (*KinesisBatchBaseOperator.template_fields, "spark_settings", "window_start", "window_end")
     uses_checkpoints = False
 
     def __init__(
@@ -87,18 +95,29 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
         parallelism: int | None = None,
         consumer_name: str = "window",
         checkpoint_table: str | None = None,
+        spark_settings: SparkSettings | None = None,
         **kwargs: Any,
     ) -> None:
-        refuse_arguments("KinesisWindowToSparkOperator", kwargs, INCREMENTAL_ONLY,
+        refuse_arguments(type(self).__name__, kwargs, INCREMENTAL_ONLY,
                          "a window reads [window_start, window_end) by arrival time in the worker's run, with no "
                          "checkpoint, lease or batch log; use KinesisToSparkOperator for incremental batches")
         super().__init__(stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table or "",
                          output_path=output_path, **kwargs)  # fmt: skip
+        self._init_spark(spark_settings)
         self.window_start = window_start
         self.window_end = window_end
         self.time_slices = time_slices
         self.slice_length = slice_length
         self.parallelism = parallelism
+
+    def validate(self) -> None:
+        """Check every argument (the window's bounds when the run resolves them); called first in
+        :meth:`execute`, before any I/O.
+
+        :raises ValueError: naming the argument, the problem and the fix.
+        """
+        super().validate()
+        self.validate_spark()
 
     def _window(self) -> tuple[datetime, datetime]:
         bounds = []
@@ -121,11 +140,11 @@ class KinesisWindowToSparkOperator(KinesisToSparkOperator):
 
     def _run_batch(self, context: Context) -> dict[str, Any]:
         start, end = self._window()
-        parallelism = self.parallelism or int((self.spark_conf or {}).get("spark.default.parallelism", os.cpu_count() or 2))
+        parallelism = self.parallelism or int((self.spark_settings.conf or {}).get("spark.default.parallelism", os.cpu_count() or 2))
         settings = WindowSettings(
             stream_name=self.stream_name, consumer_name=self.consumer_name, output_root=self.output_root,
             start=start, end=end, time_slices=self.time_slices, slice_length=self.slice_length, parallelism=parallelism,
-            allow_data_loss=self.allow_data_loss, min_call_interval=self.min_call_interval, sink=self.sink,
+            allow_data_loss=self.allow_data_loss, min_call_interval=self.read_options.min_call_interval, sink=self.sink,
             consumer_type=self.consumer_type, summary_budget=self.kinesis_hook.summary_budget,
         )  # fmt: skip
         if not self.checkpoint_table:

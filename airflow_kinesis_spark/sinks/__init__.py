@@ -342,7 +342,7 @@ class Sink:
         if added and self.schema_evolution != "add_columns":
             raise TableCommitError(
                 f"{what} has columns table {self.table} does not hold: {', '.join(names)}. {outcome} Set "
-                "schema_evolution='add_columns' to add them as nullable columns with the batch's commit, add them yourself "
+                "OutputSettings(schema_evolution='add_columns') to add them as nullable columns with the batch's commit, add them yourself "
                 "(ALTER TABLE ... ADD COLUMN), or drop them in the transform.",
                 table=self.table, added=names,
             )  # fmt: skip

@@ -161,7 +161,7 @@ def claim_output(
     what = f"Output {output_path} belongs to {found.describe()} (recorded in {owner_location(output_path)})"
     if found.shared != wanted.shared:
         fix = (
-            "Set shared_output=True on every task that writes it (each (stream, consumer) then writes under "
+            "Set OutputSettings(shared_output=True) on every task that writes it (each (stream, consumer) then writes under "
             f"{consumer_root(output_path, '<stream>', '<consumer>', True)}), or give this task another output_path."
             if found.shared
             else "A root written by one consumer cannot become shared: give this task another output_path."

@@ -19,6 +19,7 @@ from datetime import datetime
 from airflow.sdk import dag, task
 
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import SparkSettings
 
 POOL = os.environ.get("KINESIS_DEFERRED_POOL", "kinesis_deferred_slot")
 
@@ -46,7 +47,7 @@ def kinesis_deferred_batch():
         job_start_timeout=300.0,
         pool=POOL,
         aws_conn_id="aws_default",
-        spark_conn_id="spark_default",
+        spark_settings=SparkSettings(conn_id="spark_default"),
     )
 
 

@@ -20,6 +20,7 @@ from airflow_kinesis_spark.lineage import (
     stream_dataset_name,
 )
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions
 from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from demo.producer import put_plain
 from demo.stack import airflow, airflow_env
@@ -139,7 +140,7 @@ def test_lineage_and_alias_events_of_a_real_batch(aws_conn, kinesis, dynamodb, t
     def operator() -> KinesisToSparkOperator:
         return KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="tests", checkpoint_table=f"{unique_name}_ckpt",
-            output_path=str(output), min_call_interval=0.0, output_asset=False, outlets=[AssetAlias("kinesis-lake")],
+            output_path=str(output), read_options=ReadOptions(min_call_interval=0.0), output_asset=False, outlets=[AssetAlias("kinesis-lake")],
         )  # fmt: skip
 
     batch, events = operator(), OutletEventAccessors()

@@ -21,6 +21,7 @@ from airflow.sdk import DAG
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import EndpointUnreachableError
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions
 from airflow_kinesis_spark.operators.checkpoints import KinesisDiscardPendingBatchOperator
 from airflow_kinesis_spark.operators.split import kinesis_batch_task_group
 from airflow_kinesis_spark.sensors.kinesis import KinesisShardLagSensor
@@ -160,7 +161,7 @@ def test_a_batch_is_read_over_tls_with_the_ca_bundle_it_was_given(https_conn, tm
     produced = put_plain(kinesis, unique_name, [(f"k{i}", f"tls {i}".encode()) for i in range(30)])
     output = tmp_path / "out"
     task = KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="tls",
-                                  checkpoint_table=f"{unique_name}_ckpt", output_path=str(output), min_call_interval=0.0,
+                                  checkpoint_table=f"{unique_name}_ckpt", output_path=str(output), read_options=ReadOptions(min_call_interval=0.0),
                                   verify=str(ca))  # fmt: skip
     summary = task.execute({})
     assert summary["status"] == "committed" and summary["records"] == 30

@@ -25,6 +25,7 @@ import pytest
 
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import put_plain
 from demo.stack import BIN, free_port, local_server
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
@@ -210,7 +211,8 @@ def job_credentials_seen(monkeypatch):
 def _run(stream: str, tmp_path: Path) -> dict[str, Any]:
     return KinesisToSparkOperator(
         task_id="ingest", stream_name=stream, consumer_name="lake", checkpoint_table=f"{stream}_t",
-        output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_shared", min_call_interval=0.0,
+        output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_connect_shared"),
+        read_options=ReadOptions(min_call_interval=0.0),
     ).execute({})  # fmt: skip
 
 

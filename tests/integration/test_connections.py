@@ -26,6 +26,7 @@ from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.hooks import spark_connect
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import SparkSettings
 from demo.producer import put_plain
 from demo.stack import free_port
 from tests.conftest import TEST_ACCESS_KEY, TEST_SECRET_KEY, aws_connection, create_stream
@@ -283,7 +284,7 @@ def test_a_spark_connect_connection_pointing_nowhere_fails_fast_naming_it(
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"x")])
     op = KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-                                output_path=str(tmp_path / "out"), spark_conn_id="spark_nowhere")  # fmt: skip
+                                output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_nowhere"))  # fmt: skip
     took, err = seconds(lambda: op.execute({}))
     assert isinstance(err, EndpointUnreachableError), err
     assert took < 2.0 + FAST  # the readiness timeout, plus planning and PySpark's import
@@ -300,7 +301,7 @@ def test_a_spark_connection_with_a_bad_master_fails_naming_it(monkeypatch, aws_c
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"x")])
     op = KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-                                output_path=str(tmp_path / "out"), spark_conn_id="spark_bad")  # fmt: skip
+                                output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_bad"))  # fmt: skip
     took, err = seconds(lambda: op.execute({}))
     assert isinstance(err, RuntimeError), err
     text = str(err)

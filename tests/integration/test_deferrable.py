@@ -10,6 +10,7 @@ import pytest
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import SparkSettings
 from demo.producer import put_plain
 from tests.conftest import create_stream
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def _operator(name: str, tmp_path, **kwargs) -> KinesisToSparkOperator:
     return KinesisToSparkOperator(task_id="t", stream_name=name, consumer_name="c", checkpoint_table=f"{name}_t",
-                                  output_path=str(tmp_path / "out"), spark_conn_id="spark_client_mode", **kwargs)  # fmt: skip
+                                  output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_client_mode"), **kwargs)  # fmt: skip
 
 
 @pytest.fixture

@@ -174,6 +174,7 @@ def test_an_operators_own_describe_stream_summary_goes_through_the_hosts_budget(
     from datetime import datetime, timezone
 
     from airflow_kinesis_spark.hooks.kinesis import KinesisStreamHook
+    from airflow_kinesis_spark.operators.settings import ReadOptions
     from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 
     monkeypatch.setenv("AIRFLOW__KINESIS_SPARK__SHARED_STATE_DIR", str(tmp_path / "state"))
@@ -181,7 +182,7 @@ def test_an_operators_own_describe_stream_summary_goes_through_the_hosts_budget(
     end = datetime.now(timezone.utc) - timedelta(seconds=1)
     window = KinesisWindowToSparkOperator(task_id="w", stream_name=unique_name, output_path=str(tmp_path / "out"),
                                           window_start=(end - timedelta(minutes=1)).isoformat(), window_end=end.isoformat(),
-                                          min_call_interval=0.0)  # fmt: skip
+                                          read_options=ReadOptions(min_call_interval=0.0))  # fmt: skip
     assert window.execute({})["status"] == "no_records"  # an empty window: the probes, no Spark job
     hook = KinesisStreamHook(aws_conn_id="aws_default")
     cached = hook.summary_budget.cached(hook.conn, unique_name, 60.0)

@@ -160,6 +160,7 @@ def test_operator_batches_with_efo_equal_polling_and_a_consumer_switches_between
     SubscribeToShard) against a polling consumer of the same stream; then the EFO consumer goes
     back to polling and on with its own checkpoints."""
     from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+    from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
     from demo.producer import committed_rows, verify
 
     proxy = FanOutProxy(moto_endpoint).start()
@@ -173,7 +174,8 @@ def test_operator_batches_with_efo_equal_polling_and_a_consumer_switches_between
         def run(consumer: str, consumer_type: str) -> dict:
             return KinesisToSparkOperator(
                 task_id="ingest", stream_name=unique_name, consumer_name=consumer, checkpoint_table=f"{unique_name}_t",
-                output_path=str(tmp_path / consumer), min_call_interval=0.0, spark_conn_id=spark_connect_conn,
+                output_path=str(tmp_path / consumer), read_options=ReadOptions(min_call_interval=0.0),
+                spark_settings=SparkSettings(conn_id=spark_connect_conn),
                 consumer_type=consumer_type,
             ).execute({})  # fmt: skip
 

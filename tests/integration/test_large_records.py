@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from benchmarks.kinesis_limits import KinesisLimits, ThrottlingProxy
 from demo.producer import committed_rows, put_raw, verify
 from tests.conftest import create_stream, make_client
@@ -86,13 +87,13 @@ def test_10_mib_records_plain_aggregated_and_over_the_byte_cap_are_read_exactly_
     def batch(**kwargs):
         return KinesisToSparkOperator(task_id="ingest", stream_name=stream, consumer_name="tests",
                                       checkpoint_table=f"{stream}_ckpt", output_path=str(output),
-                                      min_call_interval=0.0, read_bytes_per_second=None, **kwargs).execute({})  # fmt: skip
+                                      read_options=ReadOptions(min_call_interval=0.0, read_bytes_per_second=None), **kwargs).execute({})  # fmt: skip
 
     first = batch(max_bytes_per_shard=4 * MIB)  # the first record is 10 MiB: taken whole, the cap then holds
     assert (first["status"], first["records"]) == ("committed", 1)
     second = batch(max_bytes_per_shard=4 * MIB)  # the aggregate (3.6 MiB), not the 10 MiB record after it
     assert (second["status"], second["records"]) == ("committed", 3)
-    third = batch(spark_conf={"spark.hadoop.parquet.block.size": str(16 * MIB)})
+    third = batch(spark_settings=SparkSettings(conf={"spark.hadoop.parquet.block.size": str(16 * MIB)}))
     assert (third["status"], third["records"]) == ("committed", 3)
     assert batch()["status"] == "no_new_records"
 
@@ -132,7 +133,7 @@ def test_10_mib_records_over_enhanced_fan_out_through_botocore_event_streams(kin
         def batch():
             return KinesisToSparkOperator(task_id="ingest", stream_name=stream, consumer_name="tests", consumer_type="efo",
                                           checkpoint_table=f"{stream}_ckpt", output_path=str(output), max_bytes_per_shard=4 * MIB,
-                                          min_call_interval=0.0, read_bytes_per_second=None).execute({})  # fmt: skip
+                                          read_options=ReadOptions(min_call_interval=0.0, read_bytes_per_second=None)).execute({})  # fmt: skip
 
         assert [(s["status"], s["records"]) for s in (batch(), batch(), batch())] == [("committed", 1), ("committed", 3),
                                                                                         ("committed", 1)]  # fmt: skip

@@ -15,6 +15,7 @@ from airflow_kinesis_spark.hooks import spark_temp
 from airflow_kinesis_spark.hooks.spark_temp import TEMP_DIR_OWNER_FILE
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions
 from tests.conftest import create_stream
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,7 @@ def test_a_run_without_new_records_removes_a_killed_runs_directory(monkeypatch, 
 
     summary = KinesisToSparkOperator(
         task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-        output_path=str(tmp_path / "out"), min_call_interval=0.0,
+        output_path=str(tmp_path / "out"), read_options=ReadOptions(min_call_interval=0.0),
     ).execute({})  # fmt: skip
 
     assert summary["records"] == 0

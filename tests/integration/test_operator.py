@@ -20,6 +20,7 @@ from airflow_kinesis_spark.exceptions import StreamNotFoundError
 from airflow_kinesis_spark.hooks.spark_logs import log4j_config_path
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import committed_rows, put_aggregated, put_plain, put_raw, verify
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
 
@@ -73,7 +74,7 @@ def operator(name: str, output: Path, **kwargs) -> KinesisToSparkOperator:
         consumer_name="tests",
         checkpoint_table=f"{name}_ckpt",
         output_path=str(output),
-        min_call_interval=0.0,
+        read_options=ReadOptions(min_call_interval=0.0),
         **kwargs,
     )
 
@@ -156,7 +157,8 @@ def test_failed_spark_job_is_rerun_from_the_same_plan(aws_conn, spark_calls, kin
     output = tmp_path / "out"
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tests")
 
-    failing = operator(unique_name, output, transform="failing_transform:explode", spark_py_files=str(FAILING_TRANSFORM))
+    failing = operator(unique_name, output, transform="failing_transform:explode",
+                       spark_settings=SparkSettings(py_files=str(FAILING_TRANSFORM)))
     # The error names the driver's exception first (class and message), not stack frames.
     with pytest.raises(RuntimeError, match=r"(?s)^The Spark job of batch 1 failed: RuntimeError: injected failure in the user "
                                            r"transform \(spark connection .*plan stays pending"):
@@ -176,7 +178,8 @@ def test_failed_spark_job_is_rerun_from_the_same_plan(aws_conn, spark_calls, kin
     fixed = tmp_path / "fixed" / "failing_transform.py"
     fixed.parent.mkdir()
     fixed.write_text("def explode(df):\n    return df\n")
-    retry = operator(unique_name, output, transform="failing_transform:explode", spark_py_files=str(fixed)).execute({})
+    retry = operator(unique_name, output, transform="failing_transform:explode",
+                     spark_settings=SparkSettings(py_files=str(fixed))).execute({})
     assert retry["reused_plan"] is True and retry["batch_id"] == 1 and retry["records"] == 120
     assert store.committed_checkpoints() != {}
     assert verify(produced, committed_rows(output, store.head().committed_batch_id)).ok

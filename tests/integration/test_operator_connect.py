@@ -12,6 +12,7 @@ import pytest
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import put_aggregated, put_plain, verify
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
 
@@ -63,7 +64,7 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     def run():
         return KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-            output_path=str(output), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+            output_path=str(output), spark_settings=SparkSettings(conn_id="spark_connect_test"), read_options=ReadOptions(min_call_interval=0.0),
             transform="airflow_kinesis_spark.transforms.apache_log:parse_combined_log",
         ).execute({})  # fmt: skip
 
@@ -114,7 +115,7 @@ def test_a_batch_whose_observed_metrics_the_server_dropped_is_read_again_in_the_
     output = tmp_path / "out"
     summary = KinesisToSparkOperator(
         task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-        output_path=str(output), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+        output_path=str(output), spark_settings=SparkSettings(conn_id="spark_connect_test"), read_options=ReadOptions(min_call_interval=0.0),
     ).execute({})  # fmt: skip
     assert dropped and summary["status"] == "committed" and summary["records"] == 60
     t = pq.read_table(output / "batch_id=1", columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
@@ -125,7 +126,7 @@ def test_a_batch_whose_observed_metrics_the_server_dropped_is_read_again_in_the_
 
 
 def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections, kinesis, unique_name, tmp_path, caplog, capfd):
-    """With ``spark_connect_reuse_session=True`` (opt-in) warm batches re-use one server session
+    """With ``SparkSettings(connect_reuse_session=True)`` (opt-in) warm batches re-use one server session
     per consumer, whose conf holds no credential and nothing that names the provider; a session
     the server dropped is replaced."""
     import logging
@@ -141,8 +142,8 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
     def run():
         return KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-            output_path=str(output), spark_conn_id="spark_connect_test", min_call_interval=0.0,
-            spark_connect_reuse_session=True,
+            output_path=str(output), spark_settings=SparkSettings(conn_id="spark_connect_test", connect_reuse_session=True),
+            read_options=ReadOptions(min_call_interval=0.0),
         ).execute({})  # fmt: skip
 
     put_plain(kinesis, unique_name, [("k", b"one")])
@@ -175,7 +176,7 @@ def test_a_consumer_keeps_its_server_session_and_survives_losing_it(connections,
 
 def test_a_new_package_version_gets_its_own_reusable_session(connections, kinesis, unique_name, tmp_path, caplog, capfd, monkeypatch):
     """After an upgrade (another package zip under the same name) the consumer's batches keep one
-    warm session (``spark_connect_reuse_session=True``): a new one for the new version, re-used
+    warm session (``SparkSettings(connect_reuse_session=True)``): a new one for the new version, re-used
     from then on (before: the old session refused the zip, ARTIFACT_ALREADY_EXISTS, and every
     batch started a fresh session)."""
     import logging
@@ -189,8 +190,8 @@ def test_a_new_package_version_gets_its_own_reusable_session(connections, kinesi
     def run():
         return KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-            output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_test", min_call_interval=0.0,
-            spark_connect_reuse_session=True,
+            output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_connect_test", connect_reuse_session=True),
+            read_options=ReadOptions(min_call_interval=0.0),
         ).execute({})  # fmt: skip
 
     put_plain(kinesis, unique_name, [("k", b"one")])
@@ -256,7 +257,7 @@ def test_a_client_that_precreates_the_consumers_session_gets_no_credential(conne
     put_plain(kinesis, unique_name, [("k", b"secret payload")])
     summary = KinesisToSparkOperator(
         task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-        output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+        output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_connect_test"), read_options=ReadOptions(min_call_interval=0.0),
     ).execute({})  # fmt: skip
     assert summary["status"] == "committed" and summary["records"] == 1
     assert not capture.exists(), "the planted module ran in the consumer's batch"
@@ -273,7 +274,7 @@ def test_credentials_are_not_sent_to_a_plaintext_remote_connect_server(monkeypat
     put_plain(kinesis, unique_name, [("k", b"a")])
     operator = KinesisToSparkOperator(
         task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-        output_path=str(tmp_path / "out"), spark_conn_id="spark_remote", min_call_interval=0.0,
+        output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_remote"), read_options=ReadOptions(min_call_interval=0.0),
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"Refusing to send AWS credentials to the Spark Connect server sc://spark-connect.invalid:15002.*'use_ssl': true"):
         operator.execute({})
@@ -283,7 +284,7 @@ def test_credentials_are_not_sent_to_a_plaintext_remote_connect_server(monkeypat
     with pytest.raises(BaseException, match="no connection may be attempted"):
         KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-            output_path=str(tmp_path / "out"), spark_conn_id="spark_remote", min_call_interval=0.0,
+            output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_remote"), read_options=ReadOptions(min_call_interval=0.0),
         ).execute({})  # fmt: skip
 
 
@@ -337,7 +338,7 @@ def test_a_connect_server_that_stops_answering_mid_job_fails_the_task_within_its
             try:
                 outcome["summary"] = KinesisToSparkOperator(
                     task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-                    output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_down", min_call_interval=0.0,
+                    output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_connect_down"), read_options=ReadOptions(min_call_interval=0.0),
                 ).execute({})  # fmt: skip
             except BaseException as err:  # noqa: BLE001 - the outcome is asserted below
                 outcome["error"] = err

@@ -14,6 +14,7 @@ from airflow_kinesis_spark.core.summaries import incremental_summary
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import put_plain
 from tests.conftest import create_stream
 
@@ -39,7 +40,7 @@ def commit_checkpoints(kinesis, dynamodb, stream: str, checkpoints: dict[str, Ch
 
 def operator(stream: str, tmp_path, **kwargs) -> KinesisToSparkOperator:
     return KinesisToSparkOperator(task_id="ingest", stream_name=stream, consumer_name="lake", checkpoint_table=f"{stream}_ckpt",
-                                  output_path=str(tmp_path / "out"), min_call_interval=0.0, **kwargs)  # fmt: skip
+                                  output_path=str(tmp_path / "out"), read_options=ReadOptions(min_call_interval=0.0), **kwargs)  # fmt: skip
 
 
 def plan(kinesis, store, stream: str, tmp_path, **kwargs):
@@ -125,7 +126,7 @@ def test_with_allow_data_loss_the_run_proceeds_and_reports_the_gap(kinesis, dyna
     (shard,) = list_shards(kinesis, unique_name)
     stale = Checkpoint(position=ExtendedSequenceNumber("0"), clear_until=datetime.now(timezone.utc) - timedelta(days=3))
     store = commit_checkpoints(kinesis, dynamodb, unique_name, {shard.shard_id: stale})
-    summary = operator(unique_name, tmp_path, allow_data_loss=True, spark_conn_id=spark_connect_conn).execute({})
+    summary = operator(unique_name, tmp_path, allow_data_loss=True, spark_settings=SparkSettings(conn_id=spark_connect_conn)).execute({})
     assert summary["status"] == "committed" and summary["records"] == 3  # read from the oldest record kept
     assert list(summary["trim_gaps"]) == [shard.shard_id] and "trim horizon" in summary["trim_gaps"][shard.shard_id]
     assert store.head().committed_batch_id == 2

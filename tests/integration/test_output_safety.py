@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from deltalake import DeltaTable
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import OutputSettings, ReadOptions, SparkSettings
 from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from airflow_kinesis_spark.sinks.iceberg import IcebergSink
 from airflow_kinesis_spark.sinks.parquet import committed_files
@@ -39,16 +41,17 @@ def catalog(tmp_path: Path) -> dict[str, str]:
     return {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/warehouse"}
 
 
-def output_settings(output_format: str, tmp_path: Path, name: str) -> dict:
+def output_settings(output_format: str, tmp_path: Path, name: str) -> OutputSettings:
     if output_format == "iceberg":
-        return {"output_format": "iceberg", "table": f"lake.{name}", "catalog_properties": catalog(tmp_path)}
-    return {"output_format": output_format}
+        return OutputSettings(format="iceberg", table=f"lake.{name}", catalog_properties=catalog(tmp_path))
+    return OutputSettings(format=output_format)
 
 
 def ingest(name: str, output: Path, connect: str, *, checkpoint_table: str | None = None, consumer: str = "lake", **kwargs):
     return KinesisToSparkOperator(
         task_id="ingest", stream_name=name, consumer_name=consumer, checkpoint_table=checkpoint_table or f"{name}_a",
-        output_path=str(output), spark_conn_id=connect, min_call_interval=0.0, **kwargs,
+        output_path=str(output), spark_settings=SparkSettings(conn_id=connect), read_options=ReadOptions(min_call_interval=0.0),
+        **kwargs,
     ).execute({})  # fmt: skip
 
 
@@ -107,12 +110,12 @@ def test_a_fresh_checkpoint_table_fails_before_the_job_and_deletes_nothing(
     produced = put_plain(kinesis, unique_name, [(f"k{i}", f"first {i}".encode()) for i in range(40)])
     output = tmp_path / "out"
     settings = output_settings(output_format, tmp_path, unique_name)
-    assert ingest(unique_name, output, spark_connect_conn, **settings)["records"] == 40
+    assert ingest(unique_name, output, spark_connect_conn, output_settings=settings)["records"] == 40
     put_plain(kinesis, unique_name, [(f"k{i}", f"second {i}".encode()) for i in range(10)])
     before = listing(output)
 
     with pytest.raises(AirflowFailException) as info:
-        ingest(unique_name, output, spark_connect_conn, checkpoint_table=f"{unique_name}_b", **settings)
+        ingest(unique_name, output, spark_connect_conn, checkpoint_table=f"{unique_name}_b", output_settings=settings)
     message = str(info.value)
     assert "already holds batch 1" in message and "ahead of the checkpoint store" in message, message
     assert f"{unique_name}_b" in message and "Nothing was read, written or deleted" in message
@@ -133,10 +136,10 @@ def test_a_second_consumer_on_one_output_fails_before_reading_unless_the_output_
     produced = put_plain(kinesis, unique_name, [(f"k{i}", f"r {i}".encode()) for i in range(30)])
     output = tmp_path / "out"
     settings = output_settings(output_format, tmp_path, unique_name)
-    ingest(unique_name, output, spark_connect_conn, consumer="one", **settings)
+    ingest(unique_name, output, spark_connect_conn, consumer="one", output_settings=settings)
     before = listing(output)
     with pytest.raises(AirflowFailException) as info:
-        ingest(unique_name, output, spark_connect_conn, consumer="two", **settings)
+        ingest(unique_name, output, spark_connect_conn, consumer="two", output_settings=settings)
     message = str(info.value)
     assert "belongs to stream" in message and "'one'" in message and "'two'" in message, message
     assert "another output_path" in message and "Nothing was read or written" in message
@@ -150,8 +153,8 @@ def test_a_second_consumer_on_one_output_fails_before_reading_unless_the_output_
     name = f"{unique_name}s"
     settings = output_settings(output_format, tmp_path, name)
     for consumer in ("one", "two"):
-        result = ingest(unique_name, shared, spark_connect_conn, consumer=consumer, shared_output=True,
-                        checkpoint_table=f"{unique_name}_s", **settings)  # fmt: skip
+        result = ingest(unique_name, shared, spark_connect_conn, consumer=consumer, checkpoint_table=f"{unique_name}_s",
+                        output_settings=replace(settings, shared_output=True))  # fmt: skip
         assert result["records"] == 30 and f"stream={unique_name}/consumer={consumer}/" in result["output_path"]
     if output_format == "parquet":  # each consumer's committed records hold its own rows
         for consumer in ("one", "two"):
@@ -161,8 +164,8 @@ def test_a_second_consumer_on_one_output_fails_before_reading_unless_the_output_
         assert references and all(os.path.exists(r) for r in references)
         counts = Counter(rows_of(committed_rows(output_format, shared, tmp_path, name)))
         assert set(counts.values()) == {2} and verify(produced, list(counts)).ok
-    with pytest.raises(AirflowFailException, match="shared_output=True on every task"):  # an undeclared third
-        ingest(unique_name, shared, spark_connect_conn, consumer="three", checkpoint_table=f"{unique_name}_s", **settings)
+    with pytest.raises(AirflowFailException, match=r"OutputSettings\(shared_output=True\) on every task"):  # an undeclared third
+        ingest(unique_name, shared, spark_connect_conn, consumer="three", checkpoint_table=f"{unique_name}_s", output_settings=settings)
 
 
 @pytest.mark.parametrize("output_format", ["iceberg", "delta"])
@@ -177,17 +180,18 @@ def test_a_batch_with_a_new_column_fails_unless_schema_evolution_adds_it(
     produced = put_plain(kinesis, unique_name, [(f"k{i}", f"r {i}".encode()) for i in range(20)])
     output = tmp_path / "out"
     settings = output_settings(output_format, tmp_path, unique_name)
-    ingest(unique_name, output, spark_connect_conn, **settings)
+    ingest(unique_name, output, spark_connect_conn, output_settings=settings)
     more = put_plain(kinesis, unique_name, [(f"m{i}", f"s {i}".encode()) for i in range(15)])
     transform = "tests.integration.column_transforms:add_country"
     with pytest.raises(AirflowFailException) as info:
-        ingest(unique_name, output, spark_connect_conn, transform=transform, **settings)
-    assert "does not hold: country string" in str(info.value) and "schema_evolution='add_columns'" in str(info.value)
+        ingest(unique_name, output, spark_connect_conn, transform=transform, output_settings=settings)
+    assert "does not hold: country string" in str(info.value) and "OutputSettings(schema_evolution='add_columns')" in str(info.value)
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_a", unique_name, "lake")
     assert store.head().committed_batch_id == 1 and store.head().pending_batch_id == 2  # pending, not committed
     assert_intact(output_format, output, tmp_path, unique_name, produced)
 
-    result = ingest(unique_name, output, spark_connect_conn, transform=transform, schema_evolution="add_columns", **settings)
+    result = ingest(unique_name, output, spark_connect_conn, transform=transform,
+                    output_settings=replace(settings, schema_evolution="add_columns"))  # fmt: skip
     assert result["batch_id"] == 2 and result["records"] == 15 and result["reused_plan"]
     data = committed_rows(output_format, output, tmp_path, unique_name)
     assert "country" in data.column_names
@@ -199,7 +203,7 @@ def test_a_batch_with_a_new_column_fails_unless_schema_evolution_adds_it(
     put_plain(kinesis, unique_name, [("x", b"y")])
     with pytest.raises(AirflowFailException, match="partition_key: table has string, batch has int64"):
         ingest(unique_name, output, spark_connect_conn, transform="tests.integration.column_transforms:partition_key_as_long",
-               schema_evolution="add_columns", **settings)  # fmt: skip
+               output_settings=replace(settings, schema_evolution="add_columns"))  # fmt: skip
     assert_intact(output_format, output, tmp_path, unique_name, produced + more)
 
 
@@ -215,7 +219,7 @@ def test_a_window_ahead_of_the_consumer_fails_and_one_within_it_adds_no_row_twic
     time.sleep(1.1)
     output = tmp_path / "out"
     settings = output_settings(output_format, tmp_path, unique_name)
-    first = ingest(unique_name, output, spark_connect_conn, **settings)
+    first = ingest(unique_name, output, spark_connect_conn, output_settings=settings)
     cutoff = first["cutoff"]
     time.sleep(1.1)
     later = put_plain(kinesis, unique_name, [(f"m{i}", f"s {i}".encode()) for i in range(20)])
@@ -224,8 +228,9 @@ def test_a_window_ahead_of_the_consumer_fails_and_one_within_it_adds_no_row_twic
     def window(end: str) -> dict:
         return KinesisWindowToSparkOperator(
             task_id="window", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_a",
-            output_path=str(output), spark_conn_id=spark_connect_conn, min_call_interval=0.0,
-            window_start=format_timestamp(start), window_end=end, **settings,
+            output_path=str(output), spark_settings=SparkSettings(conn_id=spark_connect_conn),
+            read_options=ReadOptions(min_call_interval=0.0), window_start=format_timestamp(start), window_end=end,
+            output_settings=settings,
         ).execute({})  # fmt: skip
 
     before = listing(output)
@@ -236,7 +241,7 @@ def test_a_window_ahead_of_the_consumer_fails_and_one_within_it_adds_no_row_twic
     assert listing(output) == before
     assert window(cutoff)["records"] == 30  # the committed part: allowed
 
-    second = ingest(unique_name, output, spark_connect_conn, **settings)
+    second = ingest(unique_name, output, spark_connect_conn, output_settings=settings)
     assert second["records"] == 20
     # Tables: the window replaced batch 1's rows with the same rows; Parquet: the committed records
     # name the batches only. Either way every row once.

@@ -210,6 +210,7 @@ def test_wrong_output_path_fixed_then_discard_pending_then_exactly_once(
     from airflow.sdk.exceptions import AirflowFailException
 
     from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+    from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 
     table = f"{unique_name}_t"
     lake = tmp_path / "lake"
@@ -217,7 +218,8 @@ def test_wrong_output_path_fixed_then_discard_pending_then_exactly_once(
     def ingest(output_path: str) -> dict:
         return KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=table,
-            output_path=output_path, spark_conn_id=spark_connect_conn, min_call_interval=0.0,
+            output_path=output_path, spark_settings=SparkSettings(conn_id=spark_connect_conn),
+            read_options=ReadOptions(min_call_interval=0.0),
         ).execute({})  # fmt: skip
 
     create_stream(kinesis, unique_name, 2)

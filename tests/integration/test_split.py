@@ -18,6 +18,7 @@ from airflow_kinesis_spark.operators.split import (
     KinesisPlanBatchOperator,
     kinesis_batch_task_group,
 )
+from airflow_kinesis_spark.operators.settings import OutputSettings, RecordSettings, SparkSettings
 from tests.conftest import create_stream
 
 pytestmark = pytest.mark.integration
@@ -62,8 +63,8 @@ def test_the_plan_operator_is_built_and_refuses_the_job_tasks_arguments(tmp_path
     kwargs = dict(task_id="plan", stream_name="s", consumer_name="c", checkpoint_table="t", output_path=str(tmp_path))
     plan = KinesisPlanBatchOperator(**kwargs)
     assert (plan.stream_name, plan.output_asset, plan.job_task_ids) == ("s", False, None)
-    with pytest.raises(TypeError, match="spark_conn_id"):
-        KinesisPlanBatchOperator(spark_conn_id="spark_default", **kwargs)
+    with pytest.raises(TypeError, match="does not take spark_settings: they belong to the job task"):
+        KinesisPlanBatchOperator(spark_settings=SparkSettings(conn_id="spark_default"), **kwargs)
 
 
 def test_with_nothing_to_read_the_job_is_skipped_and_the_commit_returns_the_plans_summary(
@@ -121,7 +122,7 @@ def test_a_split_group_with_a_delta_output_commits_the_batch_to_the_table_in_the
     def split_test():
         kinesis_batch_task_group(
             "g", job=lambda arguments: BaseOperator(task_id="job"), stream_name=unique_name, consumer_name="lake",
-            checkpoint_table=f"{unique_name}_t", output_path=str(output), output_format="delta",
+            checkpoint_table=f"{unique_name}_t", output_path=str(output), output_settings=OutputSettings(format="delta"),
         )  # fmt: skip
 
     split = split_test()
@@ -223,7 +224,7 @@ def test_a_deferrable_commit_task_defers_only_while_no_report_is_recorded(aws_co
 def test_a_split_group_with_typed_records_carries_the_schema_in_the_plan_and_counts_dead_letters(
     aws_conn, kinesis, dynamodb, unique_name, tmp_path
 ):
-    """record_format on the task group: the plan task stores the record spec in the plan; a
+    """record_settings on the task group: the plan task stores the record spec in the plan; a
     stand-in job (``core.job.run_handed_batch`` with a pyarrow writer, no Spark: the decoding in
     Spark is tests/spark/test_typed_job.py's) writes rows and dead letters from the stored spec;
     the commit task checks the dead letters against the dead-letter output and counts them."""
@@ -249,8 +250,8 @@ def test_a_split_group_with_typed_records_carries_the_schema_in_the_plan_and_cou
     def typed():
         kinesis_batch_task_group(
             "g", job=lambda arguments: BaseOperator(task_id="job"), stream_name=unique_name, consumer_name="lake",
-            checkpoint_table=f"{unique_name}_t", output_path=str(output), record_format="json", record_schema=json.dumps(schema),
-            max_dead_letter_fraction=0.2,
+            checkpoint_table=f"{unique_name}_t", output_path=str(output),
+            record_settings=RecordSettings(format="json", schema=json.dumps(schema), max_dead_letter_fraction=0.2),
         )  # fmt: skip
 
     split = typed()

@@ -21,6 +21,7 @@ import pytest
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import committed_rows, put_aggregated, put_plain, verify
 from tests.conftest import create_stream
 
@@ -105,7 +106,8 @@ def test_batches_run_on_a_standalone_cluster_with_the_core_shipped(
     def run() -> dict:
         return KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="tests", checkpoint_table=f"{unique_name}_ckpt",
-            output_path=str(output), min_call_interval=0.0, spark_conf=spark_conf,
+            output_path=str(output), read_options=ReadOptions(min_call_interval=0.0),
+            spark_settings=SparkSettings(conf=spark_conf),
         ).execute({})  # fmt: skip
 
     first = run()

@@ -511,13 +511,14 @@ def test_a_corrupt_report_is_not_committed(store):
 
 def test_the_ingestion_operator_fails_without_retry(store, kinesis, unique_name, aws_conn, tmp_path):
     from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+    from airflow_kinesis_spark.operators.settings import ReadOptions
 
     create_stream(kinesis, unique_name, 2)
     committed(store)
     set_attribute(store, "HEAD", "committed_batch_id", {"S": "1"})
     operator = KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="lake",
                                       checkpoint_table=store.table_name, output_path=str(tmp_path / "out"),
-                                      min_call_interval=0.0)  # fmt: skip
+                                      read_options=ReadOptions(min_call_interval=0.0))  # fmt: skip
     with nothing_moves(store), pytest.raises(AirflowFailException, match="field 'committed_batch_id'"):
         operator.execute({})
 

@@ -8,6 +8,7 @@ import pytest
 from airflow_kinesis_spark.core.lag import measure_lag
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import committed_rows, put_aggregated, put_plain, verify
 from tests.conftest import create_stream
 
@@ -16,7 +17,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 def ingest(stream: str, output, table: str, connect: str) -> dict:
     return KinesisToSparkOperator(task_id="ingest", stream_name=stream, consumer_name="arns", checkpoint_table=table,
-                                  output_path=str(output), min_call_interval=0.0, spark_conn_id=connect).execute({})  # fmt: skip
+                                  output_path=str(output), read_options=ReadOptions(min_call_interval=0.0),
+                                  spark_settings=SparkSettings(conn_id=connect)).execute({})  # fmt: skip
 
 
 def test_runs_by_name_and_by_arn_share_checkpoints_and_read_each_record_once(

@@ -12,6 +12,7 @@ from deltalake import DeltaTable
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import OutputSettings, ReadOptions, SparkSettings
 from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from airflow_kinesis_spark.sinks.iceberg import SUMMARY_BATCH, IcebergSink
 from airflow_kinesis_spark.sinks.parquet import committed_files
@@ -27,7 +28,7 @@ def catalog(tmp_path) -> dict[str, str]:
 
 def ingest(name, output, **kwargs) -> KinesisToSparkOperator:
     return KinesisToSparkOperator(task_id="ingest", stream_name=name, consumer_name="tables", checkpoint_table=f"{name}_ckpt",
-                                  output_path=str(output), min_call_interval=0.0, **kwargs)  # fmt: skip
+                                  output_path=str(output), read_options=ReadOptions(min_call_interval=0.0), **kwargs)  # fmt: skip
 
 
 def rows_of(table: pa.Table) -> list[tuple]:
@@ -38,9 +39,8 @@ def rows_of(table: pa.Table) -> list[tuple]:
 def test_batches_commit_one_table_snapshot_each_exactly_once(output_format, aws_conn, kinesis, dynamodb, tmp_path, unique_name):
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"10.0.0.{i % 5}", f"line {i}".encode()) for i in range(120)])
-    settings = {"output_format": output_format}
-    if output_format == "iceberg":
-        settings.update(table=f"lake.{unique_name}", catalog_properties=catalog(tmp_path))
+    iceberg = {"table": f"lake.{unique_name}", "catalog_properties": catalog(tmp_path)} if output_format == "iceberg" else {}
+    settings = {"output_settings": OutputSettings(format=output_format, **iceberg)}
     output = tmp_path / "table"
 
     first = ingest(unique_name, output, **settings).execute({})
@@ -75,8 +75,8 @@ def test_a_crash_between_the_table_commit_and_the_checkpoint_commit_rolls_forwar
     commits the checkpoints without adding the batch to the table again."""
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"p{i}", f"r{i}".encode()) for i in range(50)])
-    settings = {"output_format": "iceberg", "table": f"lake.{unique_name}", "catalog_properties": catalog(tmp_path),
-                "spark_conn_id": spark_connect_conn}  # fmt: skip
+    settings = {"output_settings": OutputSettings(format="iceberg", table=f"lake.{unique_name}", catalog_properties=catalog(tmp_path)),
+                "spark_settings": SparkSettings(conn_id=spark_connect_conn)}  # fmt: skip
     output = tmp_path / "table"
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tables")
 
@@ -113,7 +113,7 @@ def test_parquet_readers_that_follow_the_committed_records_see_only_committed_ro
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"p{i}", f"r{i}".encode()) for i in range(40)])
     output = tmp_path / "out"
-    ingest(unique_name, output, spark_conn_id=spark_connect_conn).execute({})
+    ingest(unique_name, output, spark_settings=SparkSettings(conn_id=spark_connect_conn)).execute({})
     put_plain(kinesis, unique_name, [(f"q{i}", f"s{i}".encode()) for i in range(30)])
 
     def crash(*args, **kwargs):
@@ -122,7 +122,7 @@ def test_parquet_readers_that_follow_the_committed_records_see_only_committed_ro
     with monkeypatch.context() as m:
         m.setattr(DynamoDBCheckpointStore, "commit", crash)
         with pytest.raises(SystemExit):
-            ingest(unique_name, output, spark_conn_id=spark_connect_conn).execute({})
+            ingest(unique_name, output, spark_settings=SparkSettings(conn_id=spark_connect_conn)).execute({})
     assert (output / "batch_id=2").is_dir() and not (output / "batch_id=2" / "_SUCCESS").exists()
     assert (output / "batch_id=1" / "_SUCCESS").exists()
     plain = pq.read_table(str(output), partitioning="hive")
@@ -142,15 +142,15 @@ def test_a_window_rerun_replaces_its_rows_atomically(output_format, aws_conn, sp
 
     time.sleep(1.1)
     end = datetime.now(timezone.utc)
-    settings = {"output_format": output_format, "spark_conn_id": spark_connect_conn}
-    if output_format == "iceberg":
-        settings.update(table=f"lake.{unique_name}", catalog_properties=catalog(tmp_path))
+    iceberg = {"table": f"lake.{unique_name}", "catalog_properties": catalog(tmp_path)} if output_format == "iceberg" else {}
+    settings = {"output_settings": OutputSettings(format=output_format, **iceberg),
+                "spark_settings": SparkSettings(conn_id=spark_connect_conn)}
     output = tmp_path / "table"
 
     def window():
         return KinesisWindowToSparkOperator(task_id="window", stream_name=unique_name, consumer_name="backfill",
                                             output_path=str(output), window_start=start.isoformat(), window_end=end.isoformat(),
-                                            min_call_interval=0.0, **settings).execute({})  # fmt: skip
+                                            read_options=ReadOptions(min_call_interval=0.0), **settings).execute({})  # fmt: skip
 
     def read():
         if output_format == "iceberg":

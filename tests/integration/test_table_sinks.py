@@ -12,6 +12,7 @@ from deltalake import DeltaTable
 
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.schema import arrow_schema
+from airflow_kinesis_spark.operators.settings import OutputSettings
 from airflow_kinesis_spark.operators.tables import KinesisTableCompactionOperator
 from airflow_kinesis_spark.sinks.delta import DeltaSink
 from airflow_kinesis_spark.sinks.iceberg import IcebergSink
@@ -60,9 +61,9 @@ def test_compaction_rewrites_a_days_small_files_into_fewer_with_the_same_rows(ou
     assert files() == 6 and len(before) == 300
 
     operator = KinesisTableCompactionOperator(
-        task_id="compact", output_format=output_format, output_path=str(location),
-        table="lake.events" if output_format == "iceberg" else None,
-        catalog_properties=catalog if output_format == "iceberg" else None,
+        task_id="compact", output_path=str(location),
+        output_settings=OutputSettings(format=output_format, table="lake.events" if output_format == "iceberg" else None,
+                                       catalog_properties=catalog if output_format == "iceberg" else None),
         start=DAY.isoformat(), end=(DAY + timedelta(days=1)).isoformat(),
     )  # fmt: skip
     result = operator.execute({})
@@ -75,7 +76,8 @@ def test_compaction_rewrites_a_days_small_files_into_fewer_with_the_same_rows(ou
 
 
 def test_compaction_refuses_parquet_output(tmp_path):
-    operator = KinesisTableCompactionOperator(task_id="compact", output_format="parquet", output_path=str(tmp_path),
+    operator = KinesisTableCompactionOperator(task_id="compact", output_settings=OutputSettings(format="parquet"),
+                                              output_path=str(tmp_path),
                                               start=DAY.isoformat(), end=(DAY + timedelta(days=1)).isoformat())  # fmt: skip
     with pytest.raises(ValueError, match="no table to compact"):
         operator.execute({})

@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import OutputSettings, ReadOptions, RecordSettings, SparkSettings
 from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from airflow_kinesis_spark.sinks.iceberg import IcebergSink
 from demo.producer import put_plain
@@ -64,7 +65,7 @@ def catalog(tmp_path: Path) -> dict[str, str]:
 def ingest(name: str, output: Path, connect: str, **kwargs):
     return KinesisToSparkOperator(
         task_id="ingest", stream_name=name, consumer_name="lake", checkpoint_table=f"{name}_cp", output_path=str(output),
-        spark_conn_id=connect, min_call_interval=0.0, **kwargs,
+        spark_settings=SparkSettings(conn_id=connect), read_options=ReadOptions(min_call_interval=0.0), **kwargs,
     ).execute({})  # fmt: skip
 
 
@@ -85,8 +86,9 @@ def test_registry_avro_into_iceberg_evolves_with_a_new_version_and_a_deleted_one
     create_stream(kinesis, unique_name, 2)
     schemas = register_schemas(glue, registry_name=unique_name)
     output, table = tmp_path / "out", f"lake.{unique_name}"
-    settings = {"output_format": "iceberg", "table": table, "catalog_properties": catalog(tmp_path), "record_format": "avro",
-                "schema_registry": {"registry_name": unique_name, "schema_name": "orders-avro"}, "max_dead_letter_fraction": 0.2}  # fmt: skip
+    settings = {"output_settings": OutputSettings(format="iceberg", table=table, catalog_properties=catalog(tmp_path)),
+                "record_settings": RecordSettings(format="avro", registry={"registry_name": unique_name, "schema_name": "orders-avro"},
+                                                  max_dead_letter_fraction=0.2)}  # fmt: skip
     first = produce_typed(kinesis, unique_name, kind="avro", count=40, broken=4, schemas=schemas, seed=1)
     summary = ingest(unique_name, output, spark_connect_conn, **settings)
     assert summary["records"] == 44 and summary["dead_letters"] == 4
@@ -128,15 +130,17 @@ def test_json_into_delta_type_change_fails_naming_the_field_and_too_many_dead_le
     create_stream(kinesis, unique_name, 1)
     schema = {"type": "object", "properties": {"id": {"type": "integer"}, "amount": {"type": "integer"}}, "required": ["id"]}
     output = tmp_path / "delta"
-    settings = {"output_format": "delta", "record_format": "json", "record_schema": json.dumps(schema)}
+    settings = {"output_settings": OutputSettings(format="delta"),
+                "record_settings": RecordSettings(format="json", schema=json.dumps(schema))}  # fmt: skip
     put_plain(kinesis, unique_name, [(str(i), json.dumps({"id": i, "amount": i * 10}).encode()) for i in range(20)])
     assert ingest(unique_name, output, spark_connect_conn, **settings)["records"] == 20
     assert DeltaTable(str(output)).schema().to_arrow().field("amount").type.bit_width == 64
 
     changed = {**schema, "properties": {**schema["properties"], "amount": {"type": "string"}}}
     put_plain(kinesis, unique_name, [(str(i), json.dumps({"id": i, "amount": str(i)}).encode()) for i in range(20, 30)])
+    changed_settings = RecordSettings(format="json", schema=json.dumps(changed))
     with pytest.raises(AirflowFailException, match="amount: table has int64, batch has string"):
-        ingest(unique_name, output, spark_connect_conn, **{**settings, "record_schema": json.dumps(changed)})
+        ingest(unique_name, output, spark_connect_conn, **{**settings, "record_settings": changed_settings})
     assert DeltaTable(str(output)).version() == 0  # created with batch 1: nothing more
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_cp", unique_name, "lake")
     assert store.head().committed_batch_id == 1 and store.pending_plan() is None  # refused before planning
@@ -163,16 +167,17 @@ def test_window_redecodes_last_months_records_into_todays_table(
     new = produce_typed(kinesis, unique_name, kind="json", count=20, broken=0, schemas=schemas, seed=6, start_id=100, version=2)
     time.sleep(1.1)
     end = datetime.now(timezone.utc)
-    settings = {"output_format": "iceberg", "table": f"lake.{unique_name}", "catalog_properties": catalog(tmp_path),
-                "record_format": "json", "schema_registry": {"registry_name": unique_name, "schema_name": "orders-json"},
-                "max_dead_letter_fraction": 0.1}  # fmt: skip
+    settings = {"output_settings": OutputSettings(format="iceberg", table=f"lake.{unique_name}", catalog_properties=catalog(tmp_path)),
+                "record_settings": RecordSettings(format="json", registry={"registry_name": unique_name, "schema_name": "orders-json"},
+                                                  max_dead_letter_fraction=0.1)}  # fmt: skip
 
     def window() -> list[dict]:
         KinesisWindowToSparkOperator(
             task_id="window", stream_name=unique_name, consumer_name="backfill", output_path=str(tmp_path / "out"),
-            spark_conn_id=spark_connect_conn, window_start=start.isoformat(), window_end=end.isoformat(), **settings,
+            spark_settings=SparkSettings(conn_id=spark_connect_conn), window_start=start.isoformat(),
+            window_end=end.isoformat(), **settings,
         ).execute({})  # fmt: skip
-        rows = IcebergSink(settings["table"], catalog(tmp_path), str(tmp_path / "out")).load().scan().to_arrow().to_pylist()
+        rows = IcebergSink(settings["output_settings"].table, catalog(tmp_path), str(tmp_path / "out")).load().scan().to_arrow().to_pylist()
         return sorted(({k: v for k, v in r.items() if k != "approximate_arrival_timestamp"} for r in rows), key=lambda r: r["order_id"])
 
     first = window()
@@ -199,8 +204,9 @@ def test_typed_records_with_enhanced_fan_out_under_spark_submit(aws_conn, dynamo
         put_plain(kinesis, unique_name, [("bad", b'{"id": "not a number"}')])
         summary = KinesisToSparkOperator(
             task_id="ingest", stream_name=unique_name, consumer_name="fan-out", checkpoint_table=f"{unique_name}_cp",
-            output_path=str(tmp_path / "out"), min_call_interval=0.0, consumer_type="efo", record_format="json",
-            record_schema="id bigint, tags array<string>, meta struct<score: double>", max_dead_letter_fraction=0.05,
+            output_path=str(tmp_path / "out"), read_options=ReadOptions(min_call_interval=0.0), consumer_type="efo",
+            record_settings=RecordSettings(format="json", schema="id bigint, tags array<string>, meta struct<score: double>",
+                                           max_dead_letter_fraction=0.05),
         ).execute({})  # fmt: skip
         assert summary["records"] == 61 and summary["dead_letters"] == 1 and proxy.stats["subscriptions"] >= 2
         table = pq.read_table(summary["output_path"])

@@ -12,6 +12,7 @@ import pytest
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.core.window import window_label
+from airflow_kinesis_spark.operators.settings import ReadOptions
 from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from demo.producer import KEY_COLUMNS, put_plain, verify
 from tests.conftest import create_stream
@@ -32,7 +33,8 @@ def test_a_window_job_takes_its_plan_from_the_store(aws_conn, spark_calls, kines
     table = f"{unique_name}_ckpt"
     op = KinesisWindowToSparkOperator(
         task_id="w", stream_name=unique_name, output_path=str(tmp_path / "out"), checkpoint_table=table,
-        window_start=format_timestamp(start), window_end=format_timestamp(end), time_slices=2, min_call_interval=0.0,
+        window_start=format_timestamp(start), window_end=format_timestamp(end), time_slices=2,
+        read_options=ReadOptions(min_call_interval=0.0),
     )  # fmt: skip
     result = op.execute({})
     assert result["status"] == "written" and result["records"] == 60, result

@@ -21,6 +21,7 @@ import sys
 import traceback
 
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import OutputSettings, ReadOptions, SparkSettings
 
 
 def main() -> int:
@@ -38,18 +39,17 @@ def main() -> int:
     parser.add_argument("--consumer-type", default="polling", choices=("polling", "efo"))
     parser.add_argument("--die-after-table-commit", action="store_true")
     args = parser.parse_args()
-    output: dict = {"output_format": args.output_format}
-    if args.output_format == "iceberg":
-        output.update(table=args.table_name, catalog_properties={"type": "sql", "uri": args.catalog_uri})
+    iceberg = {"table": args.table_name, "catalog_properties": {"type": "sql", "uri": args.catalog_uri}}
+    output = OutputSettings(format=args.output_format, **(iceberg if args.output_format == "iceberg" else {}))
     if args.die_after_table_commit:
         die_after_table_commit()
     try:
         summary = KinesisToSparkOperator(
             task_id="ingest", stream_name=args.stream, consumer_name=args.consumer, checkpoint_table=args.table,
-            output_path=args.output, transform=args.transform, spark_py_files=args.py_files,
-            lease_seconds=args.lease, get_records_limit=args.limit, min_call_interval=0.05,
-            spark_conf={"spark.ui.enabled": "false"}, spark_conn_id=args.spark_conn_id,
-            consumer_type=args.consumer_type, **output,
+            output_path=args.output, transform=args.transform, output_settings=output,
+            lease_seconds=args.lease, read_options=ReadOptions(limit=args.limit, min_call_interval=0.05),
+            spark_settings=SparkSettings(conn_id=args.spark_conn_id, conf={"spark.ui.enabled": "false"}, py_files=args.py_files),
+            consumer_type=args.consumer_type,
         ).execute({})  # fmt: skip
     except Exception as err:  # noqa: BLE001 - reported to the harness
         traceback.print_exc()

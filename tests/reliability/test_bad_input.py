@@ -11,6 +11,7 @@ from aws_kinesis_agg.aggregator import RecordAggregator
 
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import Produced, digest, put_plain, put_raw, verify
 from tests.conftest import create_stream
 
@@ -47,7 +48,8 @@ def test_bad_and_odd_input(connections, kinesis, unique_name, tmp_path):
 
     summary = KinesisToSparkOperator(
         task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-        output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+        output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_connect_test"),
+        read_options=ReadOptions(min_call_interval=0.0),
     ).execute({})  # fmt: skip
     assert summary["records"] == 5 and summary["quarantined"] == 2 and summary["out_of_range"] == 1
     assert summary["shards"][shard.shard_id]["quarantined"] == 2
@@ -65,6 +67,7 @@ def test_bad_and_odd_input(connections, kinesis, unique_name, tmp_path):
     # the checkpoint moved past the quarantined records: the next run reads nothing again
     again = KinesisToSparkOperator(
         task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_t",
-        output_path=str(tmp_path / "out"), spark_conn_id="spark_connect_test", min_call_interval=0.0,
+        output_path=str(tmp_path / "out"), spark_settings=SparkSettings(conn_id="spark_connect_test"),
+        read_options=ReadOptions(min_call_interval=0.0),
     ).execute({})  # fmt: skip
     assert again["status"] == "no_new_records"

@@ -24,6 +24,7 @@ import pytest
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import committed_rows, put_aggregated, put_plain, verify
 from tests.conftest import ROOT, create_stream
 from tests.conftest import aws_connection
@@ -66,8 +67,9 @@ def test_output_is_identical_under_injected_faults(consumer_type, connections, m
                 try:
                     summary = KinesisToSparkOperator(
                         task_id="ingest", stream_name=unique_name, consumer_name=consumer,
-                        checkpoint_table=f"{unique_name}_t", output_path=str(output), spark_conn_id="spark_connect_test",
-                        cutoff=cutoff, get_records_limit=50, min_call_interval=0.0, consumer_type=consumer_type,
+                        checkpoint_table=f"{unique_name}_t", output_path=str(output),
+                        spark_settings=SparkSettings(conn_id="spark_connect_test"), cutoff=cutoff,
+                        read_options=ReadOptions(limit=50, min_call_interval=0.0), consumer_type=consumer_type,
                     ).execute({})  # fmt: skip
                     break
                 except Exception as err:  # noqa: BLE001 - an Airflow task retry

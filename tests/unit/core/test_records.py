@@ -185,14 +185,14 @@ def test_unsupported_avro_union_and_reserved_names_are_refused_when_the_task_is_
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"format": "xml"}, "record_format must be one of raw, json, avro, protobuf"),
-    ({"format": "json"}, "needs a schema: record_schema"),
+    ({"format": "xml"}, "RecordSettings.format must be one of raw, json, avro, protobuf"),
+    ({"format": "json"}, r"RecordSettings\(format='json'\) needs a schema: schema \(inline\) or registry"),
     ({"format": "json", "schema": "id bigint", "registry": {"registry_name": "r", "schema_name": "s"}}, "one of the two"),
-    ({"format": "avro", "registry": {"registry": "r"}}, "schema_registry must be"),
+    ({"format": "avro", "registry": {"registry": "r"}}, "RecordSettings.registry must be"),
     ({"format": "protobuf", "registry": {"schema_arn": "arn"}}, "takes its schema inline"),
-    ({"format": "protobuf", "schema": "AAAA"}, "needs record_message"),
-    ({"format": "raw", "keep_raw_data": True}, "apply to record_format 'json', 'avro' or 'protobuf'"),
-    ({"format": "json", "schema": "id bigint", "max_dead_letter_fraction": 2}, "from 0 to 1"),
+    ({"format": "protobuf", "schema": "AAAA"}, r"RecordSettings\(format='protobuf'\) needs message"),
+    ({"format": "raw", "keep_raw_data": True}, "RecordSettings.schema, message, registry and keep_raw_data apply to format 'json', 'avro' or 'protobuf'"),
+    ({"format": "json", "schema": "id bigint", "max_dead_letter_fraction": 2}, "RecordSettings.max_dead_letter_fraction must be a number from 0 to 1"),
     ({"format": "json", "schema": "id bigint, x frob"}, "unknown type 'frob'"),
     ({"format": "json", "schema": '{"type": "object", "properties": {"x": {}}}'}, "JSON Schema field x: type None"),
     ({"format": "protobuf", "schema": "not base64!", "message": "a.B"}, "base64 of a serialized FileDescriptorSet"),
@@ -268,7 +268,7 @@ def test_protobuf_from_an_inline_descriptor():
     assert rows[0] == value
     assert rows[1] == {"id": 1, "page": "", "tags": [], "meta": None}  # proto3: scalars default, an unset message is null
     assert out.kinds == [None, None, "malformed_payload"]
-    with pytest.raises(ValueError, match=r"record_message 'demo.Nope' is not in the descriptor set \(messages: demo.Meta, demo.Click\)"):
+    with pytest.raises(ValueError, match=r"RecordSettings.message 'demo.Nope' is not in the descriptor set \(messages: demo.Meta, demo.Click\)"):
         RecordSettings("protobuf", schema=schema, message="demo.Nope")
     assert RecordSettings("protobuf", schema=schema, message=message).to_dict()["schema"] == schema  # stored as given
 
@@ -282,7 +282,7 @@ def test_resolve_registry_reads_every_available_version_from_glue(moto_endpoint,
     assert "channel" in decoded_schema(spec).names
     by_arn = resolve_registry(glue, RecordSettings("avro", registry={"schema_arn": schemas.avro.arn}))
     assert by_arn["versions"] == spec["versions"]
-    with pytest.raises(ValueError, match=r"holds JSON schemas, but record_format is 'avro'"):
+    with pytest.raises(ValueError, match=r"holds JSON schemas, but the task's RecordSettings.format is 'avro'"):
         resolve_registry(glue, RecordSettings("avro", registry={"registry_name": unique_name, "schema_name": "orders-json"}))
     assert pa.types.is_timestamp(decoded_schema(spec).field("placed_at").type)
 

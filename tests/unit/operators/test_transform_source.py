@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.settings import SparkSettings
 from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from airflow_kinesis_spark.operators.split import KinesisPlanBatchOperator
 from airflow_kinesis_spark.settings import transform_allowed_modules
@@ -112,7 +113,7 @@ def test_the_allow_list_option(settings, monkeypatch):
     monkeypatch.setenv(OPTION_ENV, "my_company.kinesis, team_b")
     assert transform_allowed_modules() == ("my_company.kinesis", "team_b")
     with a_dag():
-        other = KinesisToSparkOperator(task_id="other", transform=OTHER, spark_py_files="deps.zip", **settings)
+        other = KinesisToSparkOperator(task_id="other", transform=OTHER, spark_settings=SparkSettings(py_files="deps.zip"), **settings)
         shipped = KinesisToSparkOperator(task_id="shipped", transform=SHIPPED, **settings)
     with pytest.raises(ValueError, match=r"not under a prefix of \[kinesis_spark\] transform_allowed_modules"):
         as_run(other).validate()
@@ -127,6 +128,6 @@ def test_the_allow_list_option(settings, monkeypatch):
 
 def test_a_standard_library_function_is_refused_in_the_dag_file_too(settings):
     with a_dag():
-        task = KinesisToSparkOperator(task_id="t", transform="shutil:rmtree", spark_py_files="deps.zip", **settings)
+        task = KinesisToSparkOperator(task_id="t", transform="shutil:rmtree", spark_settings=SparkSettings(py_files="deps.zip"), **settings)
     with pytest.raises(ValueError, match="refused before importing it: 'shutil' is in Python's standard library"):
         as_run(task).validate()
