@@ -111,14 +111,6 @@ class KinesisToSparkOperator(SparkSettingsMixin, KinesisIncrementalBaseOperator)
         self.poke_interval = poke_interval
         self.job_start_timeout = job_start_timeout
 
-    def validate(self) -> None:
-        """Check every argument; called first in :meth:`execute`, before any I/O.
-
-        :raises ValueError: naming the argument, the problem and the fix.
-        """
-        super().validate()
-        self.validate_spark()
-
     def _run_batch(self, context: Context) -> dict[str, Any]:
         store = self._store()
         settings = self._settings(context)

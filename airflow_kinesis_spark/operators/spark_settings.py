@@ -55,6 +55,15 @@ class SparkSettingsMixin:
         self.spark_settings = replace(self.spark_settings)
         super().render_template_fields(context, jinja_env)  # type: ignore[misc]
 
+    def validate(self) -> None:
+        """The operator's checks (its base's ``validate``), then :meth:`validate_spark`; called
+        first in ``execute``, before any I/O.
+
+        :raises ValueError: naming the argument, the problem and the fix.
+        """
+        super().validate()  # type: ignore[misc]
+        self.validate_spark()
+
     def validate_spark(self) -> None:
         """Check the job's credentials mode, before any I/O.
 

@@ -110,15 +110,6 @@ class KinesisWindowToSparkOperator(SparkSettingsMixin, KinesisBatchBaseOperator)
         self.slice_length = slice_length
         self.parallelism = parallelism
 
-    def validate(self) -> None:
-        """Check every argument (the window's bounds when the run resolves them); called first in
-        :meth:`execute`, before any I/O.
-
-        :raises ValueError: naming the argument, the problem and the fix.
-        """
-        super().validate()
-        self.validate_spark()
-
     def _window(self) -> tuple[datetime, datetime]:
         bounds = []
         for name in ("window_start", "window_end"):
