@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import random
 import time
 import traceback
 from datetime import timedelta
@@ -149,6 +150,10 @@ def test_limit_exceeded_is_retried_by_botocore_sync_and_async(aws_conn, kinesali
     from benchmarks.kinesis_limits import KinesisLimits, ThrottlingProxy
 
     create_stream(kinesalite, unique_name, 1)
+    # botocore's legacy jitter draws from the random module; a draw whose four retries all fall
+    # within one second (about 1 in 1,500) would exhaust them against a limit of 1 call a second.
+    # The draw is not what this test checks, so it is made the same on every run.
+    random.seed(20261128)
     with ThrottlingProxy(kinesalite_endpoint, KinesisLimits(describe_stream_summary_per_second=1)) as proxy:
         aws_conn(proxy.endpoint)
         hook = KinesisStreamHook()
@@ -157,6 +162,10 @@ def test_limit_exceeded_is_retried_by_botocore_sync_and_async(aws_conn, kinesali
         assert [a["StreamName"] for a in answers] == [unique_name] * 2
         assert proxy.stats["DescribeStreamSummary.throttled"] >= 1, proxy.stats
         proxy.reset_stats()
+        # The sync calls' last admission holds the account's one call a second for up to a second;
+        # the async calls start after it, on a free second as the sync ones did (without this wait
+        # both were refused at first and a CI run exhausted the retries).
+        time.sleep(1.0)
 
         async def both() -> list[dict]:
             async with await KinesisStreamHook().get_async_conn() as client:
