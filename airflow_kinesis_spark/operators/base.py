@@ -32,7 +32,7 @@ from airflow_kinesis_spark.failures import task_errors
 from airflow_kinesis_spark.hooks.consumer import AWS_TEMPLATE_FIELDS, KinesisAwsBaseOperator
 from airflow_kinesis_spark.lineage import asset_for_output, emit_asset_events, operator_lineage, output_uri
 from airflow_kinesis_spark.operators.output import OutputSettingsMixin, check_local_output
-from airflow_kinesis_spark.operators.settings import OutputSettings, refuse_moved_arguments
+from airflow_kinesis_spark.operators.settings import OutputSettings, refuse_moved_arguments, task_copy
 from airflow_kinesis_spark.settings import transform_allowed_modules
 
 __all__ = ["KinesisBatchBaseOperator", "KinesisIncrementalBaseOperator", "declared_transforms", "refuse_arguments"]
@@ -151,9 +151,7 @@ class KinesisBatchBaseOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         refuse_moved_arguments(type(self).__name__, kwargs, self.settings_arguments)
         super().__init__(**kwargs)
         self._init_output(output_settings, record_settings)
-        if read_options is not None and not isinstance(read_options, ReadOptions):
-            raise TypeError(f"read_options must be an instance of ReadOptions (airflow_kinesis_spark.operators.settings); got {type(read_options).__name__}")
-        self.read_options = read_options if read_options is not None else ReadOptions()
+        self.read_options = task_copy("read_options", read_options, ReadOptions)
         self.stream_name = stream_name
         self.consumer_name = consumer_name
         self.checkpoint_table = checkpoint_table

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from airflow_kinesis_spark.core.records import RecordSettings
-from airflow_kinesis_spark.operators.settings import OutputSettings
+from airflow_kinesis_spark.operators.settings import OutputSettings, task_copy
 from airflow_kinesis_spark.sinks import OUTPUT_FORMATS, Sink, build_sink
 
 __all__ = ["OutputSettingsMixin", "check_local_output"]
@@ -63,13 +63,8 @@ class OutputSettingsMixin:
 
         :raises TypeError: ``output_settings`` or ``record_settings`` is not the settings object.
         """
-        for name, value, cls in (("output_settings", output_settings, OutputSettings),
-                                ("record_settings", record_settings, RecordSettings)):
-            if value is not None and not isinstance(value, cls):
-                raise TypeError(f"{name} must be an instance of {cls.__name__} (airflow_kinesis_spark.operators.settings); "
-                                f"got {type(value).__name__}")  # fmt: skip
-        self.output_settings = replace(output_settings) if output_settings is not None else OutputSettings()
-        self.record_settings = record_settings if record_settings is not None else RecordSettings()  # frozen
+        self.output_settings = task_copy("output_settings", output_settings, OutputSettings)
+        self.record_settings = task_copy("record_settings", record_settings, RecordSettings)
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         """Render a copy of the settings objects (their ``template_fields``), so a rendered value

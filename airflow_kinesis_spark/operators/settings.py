@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar, TypeVar
 
 from airflow_kinesis_spark.core.read_options import ReadOptions as ReadOptions
 from airflow_kinesis_spark.core.records import RecordSettings as RecordSettings
 
 # ReadOptions and RecordSettings are documented where they are defined (core.read_options, core.records).
-__all__ = ["MOVED_ARGUMENTS", "OutputSettings", "SparkSettings", "refuse_moved_arguments"]
+__all__ = ["MOVED_ARGUMENTS", "OutputSettings", "SparkSettings", "refuse_moved_arguments", "task_copy"]
+
+_S = TypeVar("_S")
 
 #: Words in a key of ``catalog_properties``, ``storage_options`` or ``conf`` whose value the
 #: settings' ``repr`` hides: Airflow shows a rendered settings object as its ``repr`` (the task's
@@ -208,3 +210,19 @@ def refuse_moved_arguments(task: str, kwargs: Mapping[str, Any], takes: Collecti
     if moved:
         raise TypeError(f"{task} takes its settings as objects now (from airflow_kinesis_spark.operators.settings): "
                         f"{'; '.join(moved)}")  # fmt: skip
+
+
+def task_copy(name: str, value: _S | None, cls: type[_S]) -> _S:
+    """A task's own settings object from the argument ``name``: ``cls()`` when ``value`` is
+    ``None``, else a copy of a mutable one (:class:`OutputSettings`, :class:`SparkSettings`), so
+    rendering one task never writes into an object other tasks or a mapped task's ``partial``
+    share; a frozen one (:class:`RecordSettings`, :class:`ReadOptions`) is kept as it is.
+
+    :raises TypeError: ``"<name> must be an instance of <cls> (airflow_kinesis_spark.operators.settings); got dict"``.
+    """
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be an instance of {cls.__name__} (airflow_kinesis_spark.operators.settings); "
+                        f"got {type(value).__name__}")  # fmt: skip
+    return value if getattr(cls, "__dataclass_params__").frozen else replace(value)  # type: ignore[type-var]

@@ -16,7 +16,7 @@ from typing import Any
 from airflow_kinesis_spark.core.read_options import ReadOptions
 from airflow_kinesis_spark.hooks.spark import SparkJob
 from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, validate_job_credentials
-from airflow_kinesis_spark.operators.settings import SparkSettings
+from airflow_kinesis_spark.operators.settings import SparkSettings, task_copy
 from airflow_kinesis_spark.settings import transform_allowed_modules
 
 __all__ = ["SparkSettingsMixin"]
@@ -45,10 +45,7 @@ class SparkSettingsMixin:
 
         :raises TypeError: ``spark_settings`` is not a :class:`SparkSettings`.
         """
-        if spark_settings is not None and not isinstance(spark_settings, SparkSettings):
-            raise TypeError("spark_settings must be an instance of SparkSettings (airflow_kinesis_spark.operators.settings); "
-                            f"got {type(spark_settings).__name__}")  # fmt: skip
-        self.spark_settings = replace(spark_settings) if spark_settings is not None else SparkSettings()
+        self.spark_settings = task_copy("spark_settings", spark_settings, SparkSettings)
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         """Render a copy of ``spark_settings`` (see ``OutputSettingsMixin.render_template_fields``)."""

@@ -86,8 +86,8 @@ class KinesisPlanBatchOperator(KinesisIncrementalBaseOperator, SkipMixin):
 
     def __init__(self, *, job_task_ids: Sequence[str] | None = None, output_asset: bool = False, **kwargs: Any) -> None:
         refuse_arguments(type(self).__name__, kwargs, JOB_TASK_ONLY,
-                         "they belong to the job task (the operator that runs kinesis_batch.py) and, for the wait, "
-                         "to the commit task")  # fmt: skip
+                         "Spark runs in the job task (the operator that runs kinesis_batch.py), and the commit task "
+                         "waits for it (deferrable, poke_interval, job_start_timeout)")  # fmt: skip
         super().__init__(output_asset=output_asset, **kwargs)
         self.job_task_ids = list(job_task_ids) if job_task_ids is not None else None
 

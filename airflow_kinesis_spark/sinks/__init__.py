@@ -122,7 +122,7 @@ class OutputSpec:
 
     def __post_init__(self) -> None:
         if self.format not in OUTPUT_FORMATS:
-            raise ValueError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}; got {self.format!r}")
+            raise ValueError(f"the output format must be one of {', '.join(OUTPUT_FORMATS)}; got {self.format!r}")
         for transform in [f.transform for f in self.partition] + [d[1] for d in self.derived]:
             if transform not in PARTITION_TRANSFORMS:
                 raise ValueError(f"partition transform {transform!r} is not one of {', '.join(PARTITION_TRANSFORMS)}")
@@ -484,7 +484,7 @@ class Sink:
             table's ``write.target-file-size-bytes`` and refuses another value.
         :raises ValueError: this output form has no table to compact.
         """
-        raise ValueError(f"output_format {self.format!r} has no table to compact: compaction is for 'iceberg' and 'delta'")
+        raise ValueError(f"a {self.format!r} output has no table to compact: compaction is for 'iceberg' and 'delta' outputs")
 
 
 def build_sink(
@@ -539,7 +539,7 @@ def build_sink(
     if schema_evolution not in SCHEMA_EVOLUTION:
         raise ValueError(f"schema_evolution must be one of {', '.join(SCHEMA_EVOLUTION)}; got {schema_evolution!r}")
     if schema_evolution != "none" and output_format == "parquet":
-        raise ValueError("schema_evolution applies to output_format 'iceberg' or 'delta': Parquet folders have no table schema")
+        raise ValueError("schema evolution applies to 'iceberg' and 'delta' outputs: Parquet folders have no table schema")
     if shared_output and not (stream_name and consumer_name):
         raise ValueError("shared_output=True needs the task's stream_name and consumer_name")
     from airflow_kinesis_spark.sinks.ownership import consumer_root
@@ -569,23 +569,23 @@ def _build_sink(
     if target_file_size and max_records_per_file:
         raise ValueError("set target_file_size or max_records_per_file, not both")
     if output_format not in OUTPUT_FORMATS:
-        raise ValueError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
+        raise ValueError(f"the output format must be one of {', '.join(OUTPUT_FORMATS)}; got {output_format!r}")
     if isinstance(max_records_per_file, bool) or not isinstance(max_records_per_file, int) or max_records_per_file < 0:
         raise ValueError(f"max_records_per_file must be an integer >= 0 (0: no cap); got {max_records_per_file!r}")
     if isinstance(partition_by, str):
         raise ValueError(f"partition_by must be a list of fields, e.g. [{partition_by!r}]; got a string")
     if output_format == "parquet":
         if table or catalog_properties or partition_by or max_records_per_file or target_file_size:
-            raise ValueError("table, catalog, partition_by, max_records_per_file and target_file_size apply to output_format "
-                             "'iceberg' or 'delta'; the parquet output writes {output_path}/batch_id=N folders")  # fmt: skip
+            raise ValueError("table, catalog, partition_by, max_records_per_file and target_file_size apply to 'iceberg' and "
+                             "'delta' outputs; a 'parquet' output writes {output_path}/batch_id=N folders")  # fmt: skip
         from airflow_kinesis_spark.sinks.parquet import ParquetSink
 
         return ParquetSink(output_path, storage_options)
     if output_format == "iceberg":
         if not table:
-            raise ValueError("output_format 'iceberg' needs table: the Iceberg identifier 'namespace.table'")
+            raise ValueError("an 'iceberg' output needs a table: the Iceberg identifier 'namespace.table'")
         if not catalog_properties or not catalog_properties.get("type") and not catalog_properties.get("uri"):
-            raise ValueError("output_format 'iceberg' needs a catalog: catalog_conn_id or catalog_properties with pyiceberg's "
+            raise ValueError("an 'iceberg' output needs a catalog: catalog_conn_id or catalog_properties with pyiceberg's "
                              "catalog properties, e.g. {'type': 'sql', 'uri': 'sqlite:////path/catalog.db'} or "
                              "{'type': 'glue'}")  # fmt: skip
         from airflow_kinesis_spark.sinks.iceberg import DEFAULT_PARTITION, IcebergSink
@@ -594,7 +594,7 @@ def _build_sink(
                            storage_options=storage_options, max_records_per_file=max_records_per_file,
                            target_file_size=target_file_size)  # fmt: skip
     if table or catalog_properties:
-        raise ValueError("output_format 'delta' takes no table or catalog: the Delta table is at output_path")
+        raise ValueError("a 'delta' output takes no table or catalog: the Delta table is at output_path")
     from airflow_kinesis_spark.sinks.delta import DEFAULT_PARTITION as DELTA_PARTITION
     from airflow_kinesis_spark.sinks.delta import DeltaSink
 

@@ -63,7 +63,7 @@ def test_the_plan_operator_is_built_and_refuses_the_job_tasks_arguments(tmp_path
     kwargs = dict(task_id="plan", stream_name="s", consumer_name="c", checkpoint_table="t", output_path=str(tmp_path))
     plan = KinesisPlanBatchOperator(**kwargs)
     assert (plan.stream_name, plan.output_asset, plan.job_task_ids) == ("s", False, None)
-    with pytest.raises(TypeError, match="does not take spark_settings: they belong to the job task"):
+    with pytest.raises(TypeError, match="does not take spark_settings: Spark runs in the job task"):
         KinesisPlanBatchOperator(spark_settings=SparkSettings(conn_id="spark_default"), **kwargs)
 
 

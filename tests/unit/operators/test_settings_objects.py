@@ -247,12 +247,12 @@ def test_no_operator_keeps_an_old_attribute(builders, name):
 
 
 def test_the_plan_task_refuses_spark_settings(builders):
-    with pytest.raises(TypeError, match=r"^KinesisPlanBatchOperator does not take spark_settings: they belong to the job task"):
+    with pytest.raises(TypeError, match=r"^KinesisPlanBatchOperator does not take spark_settings: Spark runs in the job task"):
         build(builders, "KinesisPlanBatchOperator", spark_settings=SparkSettings(conn_id="spark_prod"))
 
 
 def test_the_task_group_gives_spark_settings_to_no_task(builders):
-    with pytest.raises(TypeError, match=r"^KinesisPlanBatchOperator does not take spark_settings: they belong to the job task"):
+    with pytest.raises(TypeError, match=r"^KinesisPlanBatchOperator does not take spark_settings: Spark runs in the job task"):
         build(builders, "kinesis_batch_task_group", spark_settings=SparkSettings(conn_id="spark_prod"))
 
 
@@ -444,7 +444,7 @@ def test_output_settings_are_checked_when_the_task_validates(incremental):
         task.validate()
     with a_dag():
         task = KinesisToSparkOperator(task_id="ingest", output_settings=OutputSettings(format="iceberg"), **incremental)
-    with pytest.raises(ValueError, match=r"output_format 'iceberg' needs table"):  # the sinks' own message, unchanged
+    with pytest.raises(ValueError, match=r"^an 'iceberg' output needs a table: "):  # the sinks' message: no argument's name
         task.validate()
 
 
