@@ -16,10 +16,19 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # versions pyproject.toml allows (15, 2.1), which is also about what the managed 3.5 platforms ship.
 VENV35 := .cache/venv-spark35
 PY35 := $(VENV35)/bin/python
+# The oldest Airflow and provider lines pyproject.toml accepts (make test-oldest): Airflow 3.2.0
+# (airflow.sdk's configuration, exceptions and skipmixin exports), amazon 9.4.0 (9.0-9.2 do not
+# import on Airflow 3; 9.3 was never released), apache-spark 5.0.0; everything else resolved fresh.
+VENVOLD := .cache/venv-oldest
+PYOLD := $(VENVOLD)/bin/python
+OLDEST_PINS := 'apache-airflow==3.2.0' 'apache-airflow-providers-amazon==9.4.0' 'apache-airflow-providers-apache-spark==5.0.0'
+#: what tests/unit imports beyond the base install and the spark extra (the Connect client's own
+#: dependencies), pyspark at the dev lock's version (one download for both environments)
+OLDEST_TEST_REQUIREMENTS = 'pyspark[connect]==$(shell sed -n 's/^pyspark==\([^ ]*\).*/\1/p' requirements.lock)' 'pytest>=8' 'pytest-timeout>=2.3' 'pytest-xdist>=3.5' 'moto[server]>=5.0'
 SPARK35_REQUIREMENTS := 'pyspark==3.5.9' 'numpy<2' 'pandas>=2.1,<2.2' 'pyarrow>=15,<16' 'boto3>=1.34' 'aws-kinesis-agg>=1.2' \
   'protobuf>=4.21' 'fastavro>=1.9' 'tenacity>=8' 'pytest>=8' 'pytest-timeout>=2.3' 'moto[server]>=5.0'
 
-.PHONY: typecheck test-durations bench venv venv-spark35 lock demo demo-resharding demo-backfill demo-split demo-tables demo-typed test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
+.PHONY: typecheck test-durations bench venv venv-spark35 venv-oldest test-oldest lock demo demo-resharding demo-backfill demo-split demo-tables demo-typed test test-fast test-spark35 test-reliability kinesalite java postgres docs clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -46,6 +55,15 @@ lock:
 	  client=$$(sed -n 's/^pyspark-client==\([^ ]*\).*/\1/p' requirements.lock); \
 	  test "$$pyspark" = "$$client" || { echo "requirements.lock: pyspark $$pyspark but pyspark-client $$client (pin them together in pyproject.toml)"; exit 1; }
 	printf '%s\n' $(SPARK35_REQUIREMENTS) | $(VENV)/bin/uv pip compile - --python-version 3.11 --no-header --generate-hashes --quiet -o requirements-spark35.lock
+	mkdir -p .cache && printf '%s\n' $(OLDEST_PINS) $(OLDEST_TEST_REQUIREMENTS) > .cache/oldest-requirements.in
+	$(VENV)/bin/uv pip compile pyproject.toml .cache/oldest-requirements.in --extra spark --extra avro --extra iceberg --extra delta \
+	  --python-version 3.11 --no-header --generate-hashes --quiet -o requirements-oldest.lock
+
+$(VENVOLD)/.installed: requirements-oldest.lock pyproject.toml | $(VENV)/.installed
+	test -x $(PYOLD) || $(PYTHON) -m venv --without-pip $(VENVOLD)
+	$(VENV)/bin/uv pip install --quiet --python $(PYOLD) -r requirements-oldest.lock
+	$(VENV)/bin/uv pip install --quiet --python $(PYOLD) --no-deps -e .
+	touch $@
 
 $(VENV35)/.installed: requirements-spark35.lock pyproject.toml | $(VENV)/.installed
 	test -x $(PY35) || $(PYTHON) -m venv --without-pip $(VENV35)
@@ -56,6 +74,7 @@ $(VENV35)/.installed: requirements-spark35.lock pyproject.toml | $(VENV)/.instal
 	touch $@
 
 venv-spark35: $(VENV35)/.installed java
+venv-oldest: $(VENVOLD)/.installed
 
 # PySpark needs Java 17+; install it from the distribution's packages when missing.
 java:
@@ -152,10 +171,11 @@ TEST_ENV := SPARK_SUBMIT_OPTS="$${SPARK_SUBMIT_OPTS-$(TEST_JVM_OPTS) -XX:SharedA
 # the suite's time budget), all 50 in `make test-reliability`. With enhanced fan-out
 # (consumer_type="efo"), `make test` runs one crash point (mid_read), the fault rates and the
 # reader's SubscribeToShard faults; `make test-reliability` every crash point and 20 random kills.
-test: venv venv-spark35 kinesalite postgres $(SPARK_CDS)
+test: venv venv-spark35 venv-oldest kinesalite postgres $(SPARK_CDS)
 	$(MAKE) --no-print-directory typecheck
 	$(TEST_ENV) KILL_POINTS=$${KILL_POINTS:-6} EFO_CRASH_POINTS=$${EFO_CRASH_POINTS:-mid_read} EFO_KILL_POINTS=$${EFO_KILL_POINTS:-0} KINESALITE_BIN=$(abspath $(NODE_DIR))/node_modules/.bin/kinesalite $(PY) -m pytest -q --durations=25 $(XDIST)
 	$(MAKE) --no-print-directory test-spark35
+	$(MAKE) --no-print-directory test-oldest
 
 # make test, recording every test's seconds in tests/durations.json (how make test deals the long
 # tests out to its workers: tests/conftest.py); commit the file after a run on a machine like CI's.
@@ -166,6 +186,13 @@ test-durations:
 test-spark35: venv-spark35
 	SPARK_SUBMIT_OPTS="$${SPARK_SUBMIT_OPTS-$(TEST_JVM_OPTS)}" PYSPARK_PYTHON=$(abspath $(PY35)) PYSPARK_DRIVER_PYTHON=$(abspath $(PY35)) $(PY35) -m pytest -q \
 	  -W "ignore:The distutils package is deprecated:DeprecationWarning" tests/spark
+
+# The unit tests that meet Airflow and its providers (hooks, operators, sensors, triggers, settings,
+# error policy, CLI) on the oldest lines pyproject.toml accepts (.cache/venv-oldest,
+# requirements-oldest.lock); make test runs the same tests on the newest lines (requirements.lock).
+OLDEST_TESTS := tests/unit
+test-oldest: $(VENVOLD)/.installed
+	AIRFLOW_HOME=$(abspath .cache/airflow-home-oldest) $(PYOLD) -m pytest -q -p no:cacheprovider -n 2 $(OLDEST_TESTS)
 
 # The reliability suite alone (crash points, 50 seeded random kills, faults, concurrency, bad input).
 test-reliability: venv kinesalite $(SPARK_CDS)
