@@ -530,17 +530,17 @@ def _avro_decoder(schema: str, struct: Any) -> Callable[[list[bytes]], tuple[Any
     a single failure means polars does not read this schema as fastavro does: fastavro alone from
     then on, for this decoder."""
     slow = _python_decoder(_avro_reader(schema), struct)
-    fast = [_avro_page_reader(schema, struct)]
+    fast = _avro_page_reader(schema, struct)
 
     def decode(payloads: list[bytes]) -> tuple[Any, list[tuple[int, str, str]]]:
-        page = fast[0]
-        if page is not None and payloads:
-            whole = page(payloads)
+        nonlocal fast
+        if fast is not None and payloads:
+            whole = fast(payloads)
             if whole is not None:
                 return whole, []
         array, failures = slow(payloads)
-        if page is not None and payloads and not failures:
-            fast[0] = None
+        if fast is not None and payloads and not failures:
+            fast = None  # polars reads this schema otherwise than fastavro: fastavro alone from now on
         return array, failures
 
     return decode
