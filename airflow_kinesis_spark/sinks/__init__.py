@@ -32,7 +32,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.ranges import ShardReport
+    from airflow_kinesis_spark.core.head import Head
+    from airflow_kinesis_spark.core.planner import BatchPlan
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 __all__ = [
     "OUTPUT_FORMATS",
@@ -243,7 +249,8 @@ class Sink:
 
         return owner_of(stream_name, consumer_name, self.format, self.shared_output, self.table if self.format == "iceberg" else None)
 
-    def check_output(self, stream_name: str, consumer_name: str, store: Any, head: Any, pending: Any) -> None:
+    def check_output(self, stream_name: str, consumer_name: str, store: DynamoDBCheckpointStore, head: Head,
+                     pending: BatchPlan | None) -> None:  # fmt: skip
         """Before a run plans or re-uses a batch (nothing read yet): the output is this task's
         (:func:`~airflow_kinesis_spark.sinks.ownership.claim_output`), and holds no batch of this
         stream and consumer that the checkpoint store has not committed (:meth:`check_position`).
@@ -350,7 +357,7 @@ class Sink:
 
         return [pa.field(f.name, f.type, nullable=True) for f in added]
 
-    def check_written(self, plan: Any, reports: Sequence[Any]) -> None:
+    def check_written(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None:
         """Before the table and checkpoint commits of a batch with records: its reports agree with
         the files published at its output location (:func:`~airflow_kinesis_spark.sinks.verify.check_written`);
         the base (protocol tests without output) checks nothing.
@@ -368,7 +375,8 @@ class Sink:
         cost (at least: any batch above ``committed_batch_id``); ``None``: none found."""
         return None
 
-    def check_position(self, stream_name: str, consumer_name: str, store: Any, head: Any, pending: Any) -> None:
+    def check_position(self, stream_name: str, consumer_name: str, store: DynamoDBCheckpointStore, head: Head,
+                       pending: BatchPlan | None) -> None:  # fmt: skip
         """The output holds no batch of (stream, consumer) beyond the store's committed one,
         except the pending batch's own (a crash between the table commit and the checkpoint
         commit: it rolls forward), and its batch at the committed id is the committed plan's.
@@ -438,15 +446,15 @@ class Sink:
         """The table's identifier (for summaries, assets and lineage)."""
         return ""
 
-    def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit | None:
+    def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> TableCommit | None:
         """Make batch ``plan`` visible in the table before its checkpoints advance; a batch already
         in the table adds nothing. Called only for batches with records."""
         return None
 
-    def after_checkpoint_commit(self, plan: Any, reports: Sequence[Any]) -> None:
+    def after_checkpoint_commit(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None:
         """After the checkpoints advanced (Parquet: write the committed record)."""
 
-    def sweep_staging(self, plan: Any) -> list[str]:
+    def sweep_staging(self, plan: BatchPlan) -> list[str]:
         """After batch ``plan``'s checkpoint commit: remove the staging folders of this batch and of
         earlier ones under ``{batch_root}/_staging/`` (killed or superseded drivers'; a committed
         batch is proof no driver of them can still publish). One listing of ``_staging``; window
@@ -470,10 +478,10 @@ class Sink:
                                                 "%s/_staging: %s", plan.batch_id, root, err)  # fmt: skip
             return []
 
-    def repair(self, store: Any, head: Any) -> None:
+    def repair(self, store: DynamoDBCheckpointStore, head: Head) -> None:
         """Before a run plans: finish what a crash after the last checkpoint commit left undone."""
 
-    def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit | None:
+    def commit_window(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> TableCommit | None:
         """Replace the window's rows in the table with the window's files, atomically."""
         return None
 

@@ -31,7 +31,7 @@ import logging
 import posixpath
 from collections.abc import Mapping, Sequence
 from datetime import date, datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from airflow_kinesis_spark.core.names import stream_name_of
@@ -39,6 +39,11 @@ from airflow_kinesis_spark.exceptions import TableCommitError
 from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, Sink, TableCommit, plan_marker
 from airflow_kinesis_spark.sinks.conflicts import retry_on_conflict
 from airflow_kinesis_spark.sinks.files import DataFile, filesystem, list_data_files, read_schema, table_uri
+
+
+if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.planner import BatchPlan
+    from airflow_kinesis_spark.core.ranges import ShardReport
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +157,7 @@ class DeltaSink(Sink):
                 break
         return BatchMark(int(done), plan, f"Delta transaction {app_id(stream_name_of(stream_name), consumer_name)} at {done}")
 
-    def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
+    def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> TableCommit:
         """Commit batch ``plan``'s files with its transaction identifier, unless the table has it.
         A commit that conflicts with a concurrent writer's is retried on the reloaded table
         (after the same check), at once, up to :data:`~airflow_kinesis_spark.sinks.conflicts.COMMIT_ATTEMPTS` times (tenacity).
@@ -219,7 +224,7 @@ class DeltaSink(Sink):
                 if "commitInfo" in action:
                     yield {**action["commitInfo"], "version": version}
 
-    def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
+    def commit_window(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> TableCommit:
         """Replace the window's rows of this stream with the window's files, in one commit.
 
         When every earlier file with rows of the window lies wholly inside it (windows written by
@@ -231,7 +236,8 @@ class DeltaSink(Sink):
         from deltalake import CommitProperties
 
         table = self.load()
-        label = f"{plan.window_start.isoformat()}/{plan.cutoff.isoformat()}"
+        start, end = plan.window  # ValueError for an incremental plan
+        label = f"{start.isoformat()}/{end.isoformat()}"
         properties = CommitProperties(custom_metadata={"kinesis-spark.stream": stream_name_of(plan.stream_name),
                                                        "kinesis-spark.consumer": plan.consumer_name, "kinesis-spark.window": label})  # fmt: skip
         removes, straddling = ([], []) if table is None else self._window_files(table, plan)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.names import stream_name_of
@@ -35,6 +35,11 @@ from airflow_kinesis_spark.exceptions import TableCommitError
 from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, Sink, TableCommit, parse_partition_field, plan_marker
 from airflow_kinesis_spark.sinks.conflicts import retry_on_conflict
 from airflow_kinesis_spark.sinks.files import list_data_files, pyiceberg_io_properties, read_schema, table_uri
+
+
+if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.planner import BatchPlan
+    from airflow_kinesis_spark.core.ranges import ShardReport
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +159,7 @@ class IcebergSink(Sink):
 
     # -- batches ---------------------------------------------------------------------------
 
-    def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
+    def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> TableCommit:
         """Add batch ``plan``'s files in one snapshot, unless the table holds the batch already.
 
         :raises TableCommitError: no data file, or the files do not fit the table (schema).
@@ -230,7 +235,7 @@ class IcebergSink(Sink):
 
     # -- windows ---------------------------------------------------------------------------
 
-    def commit_window(self, plan: Any, reports: Sequence[Any]) -> TableCommit:
+    def commit_window(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> TableCommit:
         """Replace the window's rows of this stream with the window's files, in one snapshot.
 
         When every file with rows of the window lies wholly inside it (by pyiceberg's own metrics
@@ -245,7 +250,8 @@ class IcebergSink(Sink):
         from pyiceberg.expressions import And
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-        label = f"{format_timestamp(plan.window_start)}/{format_timestamp(plan.cutoff)}"
+        start, end = plan.window  # ValueError for an incremental plan
+        label = f"{format_timestamp(start)}/{format_timestamp(end)}"
         properties = {SUMMARY_STREAM: stream_name_of(plan.stream_name), SUMMARY_CONSUMER: plan.consumer_name, SUMMARY_WINDOW: label}
 
         def replace(tx: Any, table: Any, uris: list[str]) -> bool:

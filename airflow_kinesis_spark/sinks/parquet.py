@@ -26,12 +26,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.names import stream_name_of
 from airflow_kinesis_spark.core.locations import COMMITTED_DIR, committed_record_location
 from airflow_kinesis_spark.sinks import BatchMark, Sink, TableCommit, plan_marker
 from airflow_kinesis_spark.sinks.files import exists, list_data_files, read_schema, read_text, write_text
+
+if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.ranges import ShardReport
+    from airflow_kinesis_spark.core.planner import BatchPlan
+    from airflow_kinesis_spark.core.head import Head
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ class ParquetSink(Sink):
     def table(self) -> str:
         return self.output_root
 
-    def after_checkpoint_commit(self, plan: Any, reports: Sequence[Any]) -> None:
+    def after_checkpoint_commit(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> None:
         """Write batch ``plan``'s committed record and ``_SUCCESS`` (a batch with records only)."""
         if not sum(r.records for r in reports) or not plan.output_location.startswith(self.output_root + "/"):
             return
@@ -113,7 +119,7 @@ class ParquetSink(Sink):
         log.info("batch %d: committed record written (%d data files) at %s", plan.batch_id, len(files),
                  committed_record_location(self.output_root, plan.batch_id))  # fmt: skip
 
-    def repair(self, store: Any, head: Any) -> None:
+    def repair(self, store: DynamoDBCheckpointStore, head: Head) -> None:
         """Write the committed record of the last committed batch when a crash after its
         checkpoint commit left it unwritten (one existence check per run; none after a batch
         committed without a job's report: it had no records, so it has no committed record)."""
@@ -146,6 +152,6 @@ class ParquetSink(Sink):
             return BatchMark(batch_id, about.get("plan_created_at"), f"committed record {committed_record_location(self.output_root, batch_id)}")
         return None
 
-    def commit_batch(self, plan: Any, reports: Sequence[Any]) -> TableCommit | None:
+    def commit_batch(self, plan: BatchPlan, reports: Sequence[ShardReport]) -> TableCommit | None:
         """Nothing to make visible before the checkpoints advance: the committed record follows them."""
         return TableCommit(format="parquet", table=self.output_root)
