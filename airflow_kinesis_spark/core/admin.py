@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from airflow_kinesis_spark.core.planner import BatchPlan, rewind_checkpoints
@@ -28,6 +28,11 @@ from airflow_kinesis_spark.exceptions import (
 )
 
 __all__ = ["rewind", "discard_pending", "check_endpoint", "ArgumentNames", "OPERATOR_ARGUMENTS", "CLI_FLAGS"]
+
+
+if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.head import Head
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +179,7 @@ def _local_path(location: str) -> Path | None:
     return None
 
 
-def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None, names: ArgumentNames) -> _OutputAction:
+def _output_action(head: Head, plan: BatchPlan | None, output_path: str | None, names: ArgumentNames) -> _OutputAction:
     """Decide what discarding the pending batch of ``head`` may delete.
 
     The checkpoint table is state that anyone with write access to it can change, so nothing read
@@ -235,7 +240,7 @@ def _output_action(head: Any, plan: BatchPlan | None, output_path: str | None, n
     return _OutputAction(path=local, reason=None, shown=shown)
 
 
-def _readable_pending_plan(store: Any, head: Any) -> BatchPlan | None:
+def _readable_pending_plan(store: DynamoDBCheckpointStore, head: Head) -> BatchPlan | None:
     """The pending batch's plan, or ``None`` when it is missing or corrupt: discarding the batch is
     the fix for a corrupt plan (``CheckpointStoreCorruptError`` says so), so it must not need the
     plan. Without a plan, :func:`_output_action` deletes nothing."""
@@ -246,7 +251,7 @@ def _readable_pending_plan(store: Any, head: Any) -> BatchPlan | None:
         return None
 
 
-def _heartbeat_age(head: Any) -> float | None:
+def _heartbeat_age(head: Head) -> float | None:
     """Seconds since the pending batch holder's last heartbeat; ``None`` without one, or when the
     holder released its lease (``DynamoDBCheckpointStore.release`` sets the heartbeat to 0)."""
     if not head.pending_heartbeat:
@@ -255,7 +260,7 @@ def _heartbeat_age(head: Any) -> float | None:
 
 
 def _discard(
-    store: Any, head: Any, *, output_path: str | None, dry_run: bool, owner: str, lease_seconds: float,
+    store: DynamoDBCheckpointStore, head: Head, *, output_path: str | None, dry_run: bool, owner: str, lease_seconds: float,
     expected_batch_id: int | None, names: ArgumentNames,
 ) -> dict[str, Any]:  # fmt: skip
     """Take the pending batch of ``head`` over, delete its output if :func:`_output_action` allows,
@@ -306,7 +311,7 @@ def _discard(
 
 
 def discard_pending(
-    store: Any,
+    store: DynamoDBCheckpointStore,
     *,
     output_path: str | None = None,
     dry_run: bool = False,
@@ -363,7 +368,7 @@ def discard_pending(
 
 def rewind(
     kinesis_client: Any,
-    store: Any,
+    store: DynamoDBCheckpointStore,
     to: str | datetime,
     *,
     dry_run: bool = False,

@@ -38,6 +38,10 @@ from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.exceptions import CheckpointConflictError
 
+
+if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.head import Head
+
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # type checking only: the store imports this module's neighbours
@@ -374,7 +378,7 @@ def job_arguments_from(argv: Sequence[str]) -> JobArguments:
 
 
 def handed_batch_state(
-    head: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, now_ms: int, handed_at_ms: int,
+    head: Head, batch_id: int, lease_owner: str, lease_seconds: float, *, now_ms: int, handed_at_ms: int,
     job_start_timeout: float,
 ) -> dict[str, Any] | None:  # fmt: skip
     """Where a handed batch stands, from the store's head item (what a deferred task waits on).

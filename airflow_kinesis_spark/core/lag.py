@@ -37,6 +37,7 @@ from airflow_kinesis_spark.core.shards import Shard, ShardLineage, describe_stre
 from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 
 if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
     from mypy_boto3_kinesis import KinesisClient
 
 __all__ = [
@@ -396,7 +397,7 @@ def backlog_due(summary: Mapping[str, Any], min_records: int | None, min_age_sec
 
 def measure_lag(
     client: KinesisClient,
-    store: Any,
+    store: DynamoDBCheckpointStore,
     *,
     initial_position: str = "TRIM_HORIZON",
     now: datetime | None = None,

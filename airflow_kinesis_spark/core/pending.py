@@ -36,6 +36,8 @@ from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.exceptions import PendingPlanMismatchError
 
 if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.head import Head
+    from airflow_kinesis_spark.core.protocol import IncrementalSettings
     from mypy_boto3_kinesis import KinesisClient
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
     from airflow_kinesis_spark.sinks import Sink
@@ -79,12 +81,12 @@ _OUTPUT_ITEMS = {"format": "output format", "partition": "partitioning", "max_re
                  "target_file_size": "target file size", "derived": "derived columns"}  # fmt: skip
 
 
-def _task_settings(settings: Any) -> dict[str, Any]:
+def _task_settings(settings: IncrementalSettings) -> dict[str, Any]:
     """What a plan records of the task's settings that its ranges do not show (``BatchPlan.task_settings``)."""
     return {"transform": settings.transform or None}
 
 
-def _initial_position(settings: Any) -> str:
+def _initial_position(settings: IncrementalSettings) -> str:
     """The task's initial position as compared with a plan's: ``AT_TIMESTAMP`` with its time."""
     if settings.initial_position == "AT_TIMESTAMP" and settings.initial_timestamp is not None:
         return f"AT_TIMESTAMP {format_timestamp(settings.initial_timestamp)}"
@@ -114,7 +116,7 @@ def _caps(plan: BatchPlan, name: str) -> Any:
     return next(iter(values)) if len(values) == 1 else sorted(values, key=str)
 
 
-def _differences(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any) -> list[tuple[str, str]]:
+def _differences(plan: BatchPlan, head: Head, store: DynamoDBCheckpointStore, settings: IncrementalSettings) -> list[tuple[str, str]]:
     """``(item, line)`` per difference of :func:`pending_plan_differences`."""
     pending_batch_id = head.pending_batch_id
     expected: dict[str, Any] = {
@@ -189,7 +191,7 @@ def _differences(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, set
     return found
 
 
-def check_pending_against_stream(kinesis: KinesisClient, plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any, now: datetime) -> None:
+def check_pending_against_stream(kinesis: KinesisClient, plan: BatchPlan, head: Head, store: DynamoDBCheckpointStore, settings: IncrementalSettings, now: datetime) -> None:
     """What a pending plan's check needs the stream for (after :func:`check_pending_plan`): every
     range's shard is a shard of the stream whose parents are at ``SHARD_END`` in the committed
     checkpoints (ORDER); a recorded trim gap is real (the shard's committed checkpoint is behind
@@ -228,7 +230,7 @@ def check_pending_against_stream(kinesis: KinesisClient, plan: BatchPlan, head: 
         _raise_mismatch(found, head, store, settings)
 
 
-def pending_plan_differences(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any) -> list[str]:
+def pending_plan_differences(plan: BatchPlan, head: Head, store: DynamoDBCheckpointStore, settings: IncrementalSettings) -> list[str]:
     """How a pending plan read from the checkpoint table differs from what this task would plan:
     one line per difference, ``"<item>: the plan has <a>, this task has <b> (set by <argument>)"``
     (``(set by ...)`` only where an argument of the task sets the item); ``[]`` when it is this
@@ -241,7 +243,7 @@ def discard_pending_command(stream: str, consumer: str, table: str) -> str:
     return f"kinesis-spark discard-pending {stream} -c {consumer} -t {table} --dry-run"
 
 
-def check_pending_plan(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStore, settings: Any) -> None:
+def check_pending_plan(plan: BatchPlan, head: Head, store: DynamoDBCheckpointStore, settings: IncrementalSettings) -> None:
     """Check a pending plan read from the checkpoint table against what this task would plan.
 
     The table is state anyone with write access to it can change, and a DAG's settings change, so
@@ -267,7 +269,7 @@ def check_pending_plan(plan: BatchPlan, head: Any, store: DynamoDBCheckpointStor
     _raise_mismatch(found, head, store, settings)
 
 
-def _raise_mismatch(found: list[tuple[str, str]], head: Any, store: DynamoDBCheckpointStore, settings: Any) -> None:
+def _raise_mismatch(found: list[tuple[str, str]], head: Head, store: DynamoDBCheckpointStore, settings: IncrementalSettings) -> None:
     """Raise :class:`PendingPlanMismatchError` for ``found`` (see :func:`check_pending_plan`)."""
     arguments = sorted({a.strip() for k, _ in found if k in _SET_BY for a in _SET_BY[k].split(",")})
     foreign = any(k not in _SET_BY for k, _ in found)
