@@ -31,6 +31,8 @@ __all__ = ["rewind", "discard_pending", "check_endpoint", "ArgumentNames", "OPER
 
 
 if TYPE_CHECKING:
+    from mypy_boto3_kinesis import KinesisClient
+
     from airflow_kinesis_spark.core.head import Head
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
@@ -367,7 +369,7 @@ def discard_pending(
 
 
 def rewind(
-    kinesis_client: Any,
+    kinesis_client: KinesisClient,
     store: DynamoDBCheckpointStore,
     to: str | datetime,
     *,
