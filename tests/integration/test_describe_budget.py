@@ -137,12 +137,15 @@ def test_thirty_sensors_and_triggers_stay_under_the_accounts_describe_stream_sum
             assert answer["at_risk"] == event["at_risk"] == {}
 
 
-def test_limit_exceeded_is_retried_by_botocore_sync_and_async(aws_conn, kinesalite_endpoint, kinesalite, unique_name):
+def test_limit_exceeded_is_retried_by_botocore_sync_and_async(aws_conn, kinesalite_endpoint, kinesalite, unique_name,
+                                                              monkeypatch):  # fmt: skip
     """What the budget leaves to botocore: a ``DescribeStreamSummary`` the service refuses with
     ``LimitExceededException`` (other hosts, other applications of the account) is retried by the
     connection's client, sync and async, in botocore's default retry mode (its ``_retry.json``
     has a Kinesis policy for it; standard and adaptive count it as throttling)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    import botocore.retryhandler
 
     from airflow_kinesis_spark.core import aio
     from airflow_kinesis_spark.core.shards import describe_stream_summary
@@ -150,10 +153,10 @@ def test_limit_exceeded_is_retried_by_botocore_sync_and_async(aws_conn, kinesali
     from benchmarks.kinesis_limits import KinesisLimits, ThrottlingProxy
 
     create_stream(kinesalite, unique_name, 1)
-    # botocore's legacy jitter draws from the random module; a draw whose four retries all fall
-    # within one second (about 1 in 1,500) would exhaust them against a limit of 1 call a second.
-    # The draw is not what this test checks, so it is made the same on every run.
-    random.seed(20261128)
+    # botocore's legacy jitter (aiobotocore's too) draws from botocore.retryhandler's random; a draw
+    # whose four retries all fall within one second (about 1 in 1,500) would exhaust them against
+    # a limit of 1 call a second. The draw is not what this test checks: seeded, for this test only.
+    monkeypatch.setattr(botocore.retryhandler, "random", random.Random(20261128))
     with ThrottlingProxy(kinesalite_endpoint, KinesisLimits(describe_stream_summary_per_second=1)) as proxy:
         aws_conn(proxy.endpoint)
         hook = KinesisStreamHook()
