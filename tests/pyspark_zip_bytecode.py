@@ -2,10 +2,11 @@
 
 spark-submit puts that zip first on the path of every Python process it starts (the driver, the
 Python workers' daemon), and ``zipimport`` never writes the bytecode it compiles: each process
-compiled pyspark's modules from source again (about 0.5 s of CPU per process on the test
-machine, two processes per batch). With an ``X.pyc`` next to each ``X.py`` in the zip (what
-``zipimport`` looks for; unchecked hash-based, so the zip's timestamps do not matter), they load
-as from site-packages. A Python whose magic number differs falls back to the sources, which stay.
+compiled pyspark's modules from source again. Importing ``pyspark.sql`` and ``pyspark.worker``
+from the zip took 0.72 s of CPU on the test machine, 0.39 s with the bytecode (0.26 s from
+site-packages). With an ``X.pyc`` next to each ``X.py`` in the zip (what ``zipimport`` looks for;
+unchecked hash-based, so the zip's timestamps do not matter) the compiling is gone. A Python whose
+magic number differs falls back to the sources, which stay.
 
 Usage: ``python tests/pyspark_zip_bytecode.py`` with the environment's own Python (idempotent).
 """

@@ -225,4 +225,4 @@ def task_copy(name: str, value: _S | None, cls: type[_S]) -> _S:
     if not isinstance(value, cls):
         raise TypeError(f"{name} must be an instance of {cls.__name__} (airflow_kinesis_spark.operators.settings); "
                         f"got {type(value).__name__}")  # fmt: skip
-    return value if getattr(cls, "__dataclass_params__").frozen else replace(value)  # type: ignore[type-var]
+    return replace(value) if isinstance(value, (OutputSettings, SparkSettings)) else value

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_kinesis_spark.core.ranges import ShardReport
     from airflow_kinesis_spark.core.head import Head
     from airflow_kinesis_spark.core.planner import BatchPlan
+    from airflow_kinesis_spark.core.ranges import ShardReport
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 __all__ = [

@@ -40,7 +40,6 @@ from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, S
 from airflow_kinesis_spark.sinks.conflicts import retry_on_conflict
 from airflow_kinesis_spark.sinks.files import DataFile, filesystem, list_data_files, read_schema, table_uri
 
-
 if TYPE_CHECKING:
     from airflow_kinesis_spark.core.planner import BatchPlan
     from airflow_kinesis_spark.core.ranges import ShardReport
@@ -245,7 +244,7 @@ class DeltaSink(Sink):
             return self._commit(table, plan, properties, removes=removes)
         return self._replace_rows(table, plan, properties, straddling)
 
-    def _replace_rows(self, table: Any, plan: Any, properties: Any, straddling: list[str]) -> TableCommit:
+    def _replace_rows(self, table: Any, plan: BatchPlan, properties: Any, straddling: list[str]) -> TableCommit:
         import pyarrow.dataset as ds
         from deltalake import write_deltalake
 
@@ -258,8 +257,9 @@ class DeltaSink(Sink):
         filesys, _ = filesystem(files[0].uri, self.storage_options)
         rows = ds.dataset([filesystem(f.uri, self.storage_options)[1] for f in files], filesystem=filesys, format="parquet")
         stream = stream_name_of(plan.stream_name).replace("'", "''")
-        predicate = (f"approximate_arrival_timestamp >= '{plan.window_start.isoformat()}' AND "
-                     f"approximate_arrival_timestamp < '{plan.cutoff.isoformat()}' AND stream_name = '{stream}'")  # fmt: skip
+        start, end = plan.window
+        predicate = (f"approximate_arrival_timestamp >= '{start.isoformat()}' AND "
+                     f"approximate_arrival_timestamp < '{end.isoformat()}' AND stream_name = '{stream}'")  # fmt: skip
         log.info("table %s: %d files straddle the window's bounds (e.g. %s): replacing its rows with delta-rs's "
                  "predicate overwrite", self.uri, len(straddling), straddling[0])  # fmt: skip
         write_deltalake(table, rows.to_table(), mode="overwrite", predicate=predicate, commit_properties=properties)

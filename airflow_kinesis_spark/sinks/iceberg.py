@@ -36,7 +36,6 @@ from airflow_kinesis_spark.sinks import BatchMark, OutputSpec, PartitionField, S
 from airflow_kinesis_spark.sinks.conflicts import retry_on_conflict
 from airflow_kinesis_spark.sinks.files import list_data_files, pyiceberg_io_properties, read_schema, table_uri
 
-
 if TYPE_CHECKING:
     from airflow_kinesis_spark.core.planner import BatchPlan
     from airflow_kinesis_spark.core.ranges import ShardReport

@@ -34,9 +34,9 @@ from airflow_kinesis_spark.sinks import BatchMark, Sink, TableCommit, plan_marke
 from airflow_kinesis_spark.sinks.files import exists, list_data_files, read_schema, read_text, write_text
 
 if TYPE_CHECKING:
-    from airflow_kinesis_spark.core.ranges import ShardReport
-    from airflow_kinesis_spark.core.planner import BatchPlan
     from airflow_kinesis_spark.core.head import Head
+    from airflow_kinesis_spark.core.planner import BatchPlan
+    from airflow_kinesis_spark.core.ranges import ShardReport
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 log = logging.getLogger(__name__)

@@ -153,9 +153,10 @@ def test_limit_exceeded_is_retried_by_botocore_sync_and_async(aws_conn, kinesali
     from benchmarks.kinesis_limits import KinesisLimits, ThrottlingProxy
 
     create_stream(kinesalite, unique_name, 1)
-    # botocore's legacy jitter (aiobotocore's too) draws from botocore.retryhandler's random; a draw
-    # whose four retries all fall within one second (about 1 in 1,500) would exhaust them against
-    # a limit of 1 call a second. The draw is not what this test checks: seeded, for this test only.
+    # botocore's legacy jitter (aiobotocore's too) draws from botocore.retryhandler's random: the
+    # four retries wait r1, 2*r2, 4*r3 and 8*r4 seconds (r uniform in [0, 1)), and all four fall
+    # within the one second a limit of 1 call a second refuses with probability 1/(4! * 64), about
+    # 1 in 1,536. The draw is not what this test checks: seeded, for this test only.
     monkeypatch.setattr(botocore.retryhandler, "random", random.Random(20261128))
     with ThrottlingProxy(kinesalite_endpoint, KinesisLimits(describe_stream_summary_per_second=1)) as proxy:
         aws_conn(proxy.endpoint)
