@@ -125,3 +125,72 @@ def run_batch_without_spark(kinesis, store, *, batch_id: int, owner: str | None 
         reports.append(report)
     store.commit(plan, validate_report(plan, reports), owner)
     return plan, reports, records
+
+
+class InProcessJob:
+    """A fake :class:`~airflow_kinesis_spark.core.interfaces.BatchJob` whose driver is this
+    process, for tests of the protocol without Spark: handed its batch (or window) through the
+    checkpoint store like every job, it knows only its ``JobArguments``, builds its checkpoint
+    store from them on ``dynamodb`` (as ``job.batch.store_for`` does) and runs
+    ``core.job.run_handed_batch`` (a window: ``run_handed_window``), which claims the batch,
+    holds its lease, checks the report, publishes and records it: the real code.
+
+    A subclass writes: :meth:`write_reports` writes ``plan``'s rows at ``location`` (a staging
+    location) and returns its reports; it may keep the rows in :attr:`output` (by location),
+    which ``publish`` then moves and ``discard`` drops, or write a local folder, moved and removed
+    on disk.
+    """
+
+    def __init__(self, dynamodb) -> None:
+        import threading
+
+        self.dynamodb = dynamodb
+        self.runs: list[BatchPlan] = []  # the plans written, in order
+        self.output: dict[str, list[tuple]] = {}  # mem:// location -> rows
+        self.killed = threading.Event()  # the lease was lost while writing (``cancel``), or ``kill``
+
+    def run_handed(self, arguments, *, output_location: str | None = None) -> None:
+        from airflow_kinesis_spark.core.job import run_handed_batch, run_handed_window
+        from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+
+        store = DynamoDBCheckpointStore(self.dynamodb, arguments.checkpoint_table, arguments.stream_name, arguments.consumer_name)
+        if arguments.window:
+            run_handed_window(store, arguments, write=self.write, publish=self.publish, discard=self.discard)
+        else:
+            run_handed_batch(store, arguments, write=self.write, publish=self.publish, discard=self.discard,
+                             cancel=self.killed.set)  # fmt: skip
+
+    def write_reports(self, plan: BatchPlan, location: str) -> list[ShardReport]:
+        raise NotImplementedError
+
+    def write(self, plan: BatchPlan, location: str) -> dict:
+        self.runs.append(plan)
+        reports = self.write_reports(plan, location)
+        quarantined = any(r.quarantined or r.dead_letters for r in reports)
+        return {"records": sum(r.records for r in reports), "quarantine_location": location if quarantined else None,
+                "reports": [r.to_dict() for r in reports]}  # fmt: skip
+
+    def publish(self, staging: str | None, target: str) -> None:
+        import os
+        import shutil
+
+        if staging in self.output or (staging is None and target in self.output):  # rows kept in memory
+            rows = self.output.pop(staging, None) if staging is not None else None
+            self.output.pop(target, None)
+            if rows is not None:
+                self.output[target] = rows
+            return
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        if staging is not None:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.move(staging, target)
+
+    def discard(self, staging: str) -> None:
+        import shutil
+
+        if self.output.pop(staging, None) is None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def kill(self) -> None:
+        self.killed.set()

@@ -56,6 +56,7 @@ __all__ = [
     "handed_batch_state",
     "job_arguments_from",
     "check_bound_plan",
+    "check_planned_transform",
     "bound_output_location",
     "STAGING_DIR",
 ]
@@ -224,6 +225,23 @@ def check_bound_plan(plan: BatchPlan, args: JobArguments, expected_location: str
         )  # fmt: skip
 
 
+def check_planned_transform(plan: BatchPlan, transform: str | None) -> None:
+    """Refuse to run ``plan`` with another transform than the one it was planned with (BOUND): the
+    plan is the one the worker checked (:func:`check_bound_plan`), so its ``task_settings`` hold the
+    DAG's transform; a job told another (arguments edited on the way, an XCom between the plan
+    task and the job) reads and writes nothing. A plan without ``task_settings`` (planned before
+    they were recorded) takes the job's.
+
+    :raises ValueError: naming both transforms; nothing read or written.
+    """
+    if plan.task_settings is None:
+        return
+    planned = plan.task_settings.get("transform")
+    if (transform or None) != (planned or None):
+        raise ValueError(f"--transform {transform!r} is not the transform batch {plan.batch_id} was planned with "
+                         f"({planned!r}): these job arguments were changed after the plan task. Nothing was read or written.")  # fmt: skip
+
+
 def bound_output_location(plan: BatchPlan, args: JobArguments) -> str | None:
     """The output location the job derives for ``plan`` from the task's output root (the
     protocol's rule, ``core.locations.planned_output_location``); ``None`` without a root."""
@@ -243,7 +261,7 @@ def run_handed_batch(
     args: JobArguments,
     *,
     write: Callable[[BatchPlan, str], dict[str, Any]],
-    publish: Callable[[str | None, str], None],
+    publish: Callable[[str | None, str], None] | None,
     discard: Callable[[str], None],
     cancel: Callable[[], None],
     writer: str | None = None,
@@ -255,7 +273,11 @@ def run_handed_batch(
         ``location`` and returns the job's result document (``records``, ``reports``: one per
         planned range, as :meth:`ShardReport.to_dict`, ...).
     :param publish: ``publish(staging, target)`` replaces ``target`` with ``staging`` (``None``:
-        nothing was written; remove ``target``).
+        nothing was written; remove ``target``). ``publish=None``: the job cannot move files (a
+        Spark Connect client has no file system API of the server's), so ``write`` writes the
+        plan's output location itself and the fence comes after the write: a driver that lost its
+        lease while writing is interrupted (``cancel``) and records nothing, but a write that
+        ends after the loss is not undone (a retry of the batch writes the same rows there).
     :param discard: removes a staging directory that is not published (best effort).
     :param cancel: cancels the running Spark jobs; called from the lease thread when the lease is lost.
     :param writer: this process's writer id (default: :func:`writer_id` with role ``driver``).
@@ -309,12 +331,20 @@ def run_handed_batch(
 
 
 def _write_and_publish(
-    plan: BatchPlan, writer: str, write: Callable[[BatchPlan, str], dict[str, Any]], publish: Callable[[str | None, str], None],
-    discard: Callable[[str], None], *, check: Callable[[list[ShardReport]], Any], fence: Callable[[], None] = lambda: None,
+    plan: BatchPlan, writer: str, write: Callable[[BatchPlan, str], dict[str, Any]],
+    publish: Callable[[str | None, str], None] | None, discard: Callable[[str], None], *,
+    check: Callable[[list[ShardReport]], Any], fence: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, Any], list[ShardReport]]:  # fmt: skip
     """Write ``plan`` to ``writer``'s staging location, ``check`` the reports, ``fence``, then
     publish to the plan's output location (nothing written: the location is removed); an
-    unpublished staging directory is discarded. Returns the job's result and its reports."""
+    unpublished staging directory is discarded. ``publish`` ``None``: write the plan's output
+    location itself, then ``check`` and ``fence``. Returns the job's result and its reports."""
+    if publish is None:
+        result = write(plan, plan.output_location)
+        reports = [ShardReport.from_dict(r) for r in result["reports"]]
+        check(reports)
+        fence()
+        return result, reports
     staging = staging_location(plan.output_location, writer)
     published = False
     try:
@@ -335,7 +365,7 @@ def run_handed_window(
     args: JobArguments,
     *,
     write: Callable[[BatchPlan, str], dict[str, Any]],
-    publish: Callable[[str | None, str], None],
+    publish: Callable[[str | None, str], None] | None,
     discard: Callable[[str], None],
     writer: str | None = None,
 ) -> dict[str, Any]:

@@ -5,11 +5,12 @@ This module is the protocol's policy and nothing else. It drives
 * a boto3 **Kinesis client** (shard listing, probes, trim-horizon checks),
 * a **checkpoint store** (:class:`~airflow_kinesis_spark.core.store.DynamoDBCheckpointStore`:
   plan log, head, lease, commit), and
-* a **job** (:class:`BatchJob`): anything that runs a planned batch — reads its ranges, writes
-  its output — and returns one :class:`~airflow_kinesis_spark.core.ranges.ShardReport` per
-  planned range. spark-submit and Spark Connect are two implementations
+* a **job** (:class:`~airflow_kinesis_spark.core.interfaces.BatchJob`): anything that runs a
+  planned batch handed over in the checkpoint store (``core.job``) — reads its ranges, writes its
+  output, records one :class:`~airflow_kinesis_spark.core.ranges.ShardReport` per planned range
+  there. spark-submit and Spark Connect are two implementations
   (``airflow_kinesis_spark.hooks.spark``, ``airflow_kinesis_spark.hooks.spark_connect``); tests use
-  a fake one. Adding another touches nothing here.
+  fake ones. Adding another touches nothing here.
 
 Operators validate their arguments, build the client, store and job, call :func:`run_incremental`
 (or, for a window, ``core.window_run.run_window``), and publish the returned summary. Where each rule lives: stop rules in
@@ -43,7 +44,7 @@ from airflow_kinesis_spark.core.read_options import MIN_CALL_INTERVAL_S
 from airflow_kinesis_spark.core.shards import list_shards
 from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.job import JobArguments, writer_id
-from airflow_kinesis_spark.core.interfaces import BatchJob, HandedBatchJob, hands_off
+from airflow_kinesis_spark.core.interfaces import BatchJob
 from airflow_kinesis_spark.exceptions import CheckpointConflictError, DataLossError, ReportNotRecordedError
 
 from airflow_kinesis_spark.core.locations import _is_table, batch_output_location, planned_output_location
@@ -137,18 +138,16 @@ def _for_job(kinesis: KinesisClient, plan: BatchPlan, settings: IncrementalSetti
 
 
 def run_incremental(
-    kinesis: KinesisClient, store: DynamoDBCheckpointStore, job: BatchJob | HandedBatchJob, settings: IncrementalSettings, owner: str,
+    kinesis: KinesisClient, store: DynamoDBCheckpointStore, job: BatchJob, settings: IncrementalSettings, owner: str,
     *, now: datetime | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One incremental batch of one (stream, consumer), exactly once.
 
     1. :func:`prepare_incremental`: re-use the pending batch, or plan, probe and persist a new
        one (or finish without a job: no new records, or a report recorded already).
-    2. Run the job. A :class:`HandedBatchJob` takes the batch from the store under this run's
-       ``owner`` (this run renews the lease until the job's driver claimed the batch) and
-       records its report there itself (``core.job``); the batch is then claimed
-       back and committed (:func:`commit_handed`). A :class:`BatchJob` runs in this process
-       under this run's lease and returns its reports, which are validated, recorded and committed.
+    2. Run the job. It takes the batch from the store under this run's ``owner`` (this run
+       renews the lease until the job's driver claimed the batch) and records its report there
+       itself (``core.job``); the batch is then claimed back and committed (:func:`commit_handed`).
 
     :param kinesis: boto3 Kinesis client.
     :param store: the consumer's checkpoint store (table created by the caller).
@@ -169,18 +168,13 @@ def run_incremental(
     plan = prepared.plan
     assert plan is not None
     with _released_on_error(store, plan.batch_id, owner):
-        if hands_off(job):
-            arguments = prepared.job_arguments(store, owner, settings.lease_seconds)
-            # This run holds the batch until its job's driver claims it (the driver's start may
-            # outlast the lease); the driver holds it from then on.
-            with store.hold_hand_off(plan.batch_id, owner, settings.lease_seconds):
-                job.run_handed(arguments, output_location=plan.output_location)
-            return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused, sink=settings.sink,
-                                 plan_digest=plan.digest())  # fmt: skip
-        return _run_job_and_commit(
-            store, job, plan, owner, settings.lease_seconds, records_expected=prepared.records_expected,
-            reused=prepared.reused, sink=settings.sink,
-        )  # fmt: skip
+        arguments = prepared.job_arguments(store, owner, settings.lease_seconds)
+        # This run holds the batch until its job's driver claims it (the driver's start may
+        # outlast the lease); the driver holds it from then on.
+        with store.hold_hand_off(plan.batch_id, owner, settings.lease_seconds):
+            job.run_handed(arguments, output_location=plan.output_location)
+        return commit_handed(store, plan.batch_id, owner, settings.lease_seconds, reused=prepared.reused, sink=settings.sink,
+                             plan_digest=plan.digest())  # fmt: skip
 
 
 @contextmanager
@@ -444,18 +438,6 @@ def _pending_plan_gaps(kinesis: KinesisClient, store: DynamoDBCheckpointStore, p
     store.take_over(plan.batch_id, owner, settings.lease_seconds)  # never discard a batch a live run holds
     store.discard_pending(plan.batch_id, owner)
     return True
-
-
-def _run_job_and_commit(
-    store: DynamoDBCheckpointStore, job: BatchJob, plan: BatchPlan, owner: str, lease_seconds: float, *, records_expected: bool, reused: bool,
-    sink: Sink | None = None,
-) -> dict[str, Any]:
-    """Run the job of the pending ``plan`` under its lease, then record its report and commit."""
-    with store.hold_lease(plan.batch_id, owner, lease_seconds, on_lost=lambda err: job.kill()):
-        reports = job.run(plan, records_expected=records_expected)
-    checkpoints = validate_report(plan, reports)  # before anything is recorded: a bad report commits nothing
-    store.record_report(plan.batch_id, owner, reports)
-    return _commit(store, plan, reports, checkpoints, owner, reused=reused, sink=sink)
 
 
 def _commit(

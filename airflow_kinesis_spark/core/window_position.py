@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # type checking only: the store imports this module's neighbo
 __all__ = ["check_window_position"]
 
 
-def check_window_position(plan: BatchPlan, settings: Any, store: DynamoDBCheckpointStore | None) -> None:
+def check_window_position(plan: BatchPlan, settings: Any, store: DynamoDBCheckpointStore) -> None:
     """A window into its consumer's own output (a root or table that holds the consumer's
     incremental batches, or a consumer with committed batches in ``store``) may cover only what
     the consumer has committed: every shard the window reads must be checkpointed at
@@ -40,20 +40,21 @@ def check_window_position(plan: BatchPlan, settings: Any, store: DynamoDBCheckpo
         window may have, and the ways out; nothing read or written.
     """
     assert settings.sink is not None
-    head = store.head() if store is not None else None
+    head = store.head()
     # The store answers at the cost of one read; the output only when the store has committed nothing.
-    incremental = (head is not None and head.committed_batch_id > 0) or (
+    incremental = head.committed_batch_id > 0 or (
         settings.sink.latest_batch(settings.stream_name, settings.consumer_name, 0) is not None)  # fmt: skip
     if not incremental:
         return
     where = settings.sink.table or settings.sink.output_path or settings.output_root
     end = plan.cutoff
-    if store is None:
+    if head.committed_batch_id == 0:
         raise WindowAheadError(
             f"Output {where} holds incremental batches of stream {stream_name_of(settings.stream_name)!r}, consumer "
-            f"{settings.consumer_name!r}, and this window task names no checkpoint_table to check the window against the "
-            "consumer's committed position. Nothing was read or written. Give it the consumer's checkpoint_table, or write "
-            "the window to another output_path or table.",
+            f"{settings.consumer_name!r}, and this window task's checkpoint table {store.table_name!r} has committed none "
+            "of them, so the window cannot be checked against the consumer's committed position. Nothing was read or "
+            "written. Give the window task the consumer's checkpoint_table, or write the window to another output_path "
+            "or table.",
             window_end=format_timestamp(end), committed_until=None, shards={},
         )  # fmt: skip
     committed = store.committed_checkpoints(head)

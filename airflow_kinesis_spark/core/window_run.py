@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from airflow_kinesis_spark.core.interfaces import BatchJob, HandedBatchJob, hands_off
+from airflow_kinesis_spark.core.interfaces import BatchJob
 from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.lease import DEFAULT_LEASE_SECONDS
 from airflow_kinesis_spark.core.locations import _is_table, window_output_location
@@ -80,8 +80,8 @@ class WindowSettings:
 
 
 def run_window(
-    kinesis: KinesisClient, job: BatchJob | HandedBatchJob, settings: WindowSettings, *, now: datetime | None = None,
-    store: DynamoDBCheckpointStore | None = None, owner: str | None = None,
+    kinesis: KinesisClient, job: BatchJob, settings: WindowSettings, *, store: DynamoDBCheckpointStore, owner: str,
+    now: datetime | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Read the window ``[start, end)`` of a stream by arrival time (backfill); checkpoints untouched.
 
@@ -91,28 +91,26 @@ def run_window(
     same window gives the same rows: its output location is derived from the window and
     overwritten on re-run.
 
-    With a ``store`` and a :class:`HandedBatchJob`, the plan goes to the job through the store
-    (``store.write_window`` under ``owner``) and its report comes back the same way, so the
-    driver may run anywhere; otherwise the job gets the plan directly (:class:`BatchJob`).
+    The plan goes to the job through the store (``store.write_window`` under ``owner``) and its
+    report comes back the same way (``core.job.run_handed_window``), so the driver may run
+    anywhere.
 
     :param kinesis: boto3 Kinesis client.
-    :param store: a checkpoint store of the window's (stream, consumer): only its window items are used.
-    :param owner: this run's writer id (with ``store``).
+    :param store: a checkpoint store of the window's (stream, consumer): its window items carry
+        the plan and the report (they expire after 7 days); its checkpoints are read, never moved
+        (``core.window_position``).
+    :param owner: this run's writer id (unique per attempt).
     :returns: ``mode`` ``window``, ``status`` (``written`` or ``no_records``), ``stream_name``,
         ``window_start``, ``window_end``, ``records``, ``bytes``, ``output_path``, ``quarantined``,
         ``quarantine_path``, ``out_of_range``, ``time_slices``, ``shards`` (per shard ``records``,
         ``bytes``, ``slices``, ``quarantined``, ``out_of_range``), ``trim_gap``.
-    :raises ValueError: ``start >= end``, an end in the future, or no ``store`` for a job that
-        only takes its batch from one (before any call).
+    :raises ValueError: ``start >= end`` or an end in the future (before any call).
     :raises DataLossError: the window starts before the trim horizon without ``allow_data_loss``.
     :raises ReportValidationError: the job's reports do not cover every (shard, slice) once.
     """
     now = to_utc(now or datetime.now(timezone.utc))
     start, end = to_utc(settings.start), to_utc(settings.end)
     validate_window(start, end, now=now)  # cheap checks before any call
-    if not (isinstance(job, BatchJob) or (store is not None and hands_off(job))):
-        raise ValueError(f"{type(job).__name__} takes its batch from a checkpoint store, and this window has none: "
-                         "give the window a checkpoint_table, or run it with a job that takes its plan directly")  # fmt: skip
     summary = describe_stream_summary(kinesis, settings.stream_name, budget=settings.summary_budget)
     horizon = now - timedelta(hours=float(summary["RetentionPeriodHours"]))
     gap = validate_window(start, end, now=now, trim_horizon=horizon, allow_data_loss=settings.allow_data_loss)
@@ -141,11 +139,8 @@ def run_window(
     plan = _for_job(kinesis, plan, settings) if found else plan
     if found and settings.sink is not None:
         settings.sink.claim(settings.stream_name, settings.consumer_name, record=True)
-    if found and store is not None and hands_off(job):
-        reports = _run_handed_window(store, job, plan, owner or "window", any(r.records for r in probes), settings.output_root)
-    elif found:
-        assert isinstance(job, BatchJob)  # checked before any call
-        reports = job.run(plan, records_expected=any(r.records for r in probes))
+    if found:
+        reports = _run_handed_window(store, job, plan, owner, any(r.records for r in probes), settings.output_root)
     else:
         log.info("No records in the window: no Spark job, no files")
         reports = probes
@@ -161,7 +156,7 @@ def run_window(
 
 
 def _run_handed_window(
-    store: DynamoDBCheckpointStore, job: HandedBatchJob, plan: BatchPlan, owner: str, records_expected: bool, output_root: str
+    store: DynamoDBCheckpointStore, job: BatchJob, plan: BatchPlan, owner: str, records_expected: bool, output_root: str
 ) -> list[ShardReport]:
     """Hand a window's plan to its job through the store and read its report back from there."""
     label = window_label(*plan.window)

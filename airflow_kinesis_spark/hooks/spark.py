@@ -1,7 +1,7 @@
 """Where the batch's Spark job runs: one interface, one implementation per way of running Spark.
 
-Each runner is a :class:`~airflow_kinesis_spark.core.interfaces.BatchJob`: "run this planned batch
-and return its per-shard reports". It owns everything about its way of running Spark —
+Each runner is a :class:`~airflow_kinesis_spark.core.interfaces.BatchJob`: "run the batch handed
+over in the checkpoint store, whose driver records its per-shard report there". It owns everything about its way of running Spark —
 packaging the Airflow-free code for the executors, the job's environment and credentials, the
 processes it starts, how to kill them, and cleaning up — so the protocol and the operators
 never see any of it.
@@ -9,12 +9,12 @@ never see any of it.
 * :class:`SparkSubmitJob` — ``spark-submit`` through the apache-spark provider's hook
   (:class:`~airflow_kinesis_spark.hooks.spark_submit.BatchSparkSubmitHook`, connection type
   ``spark``; ``local[*]`` when the connection does not exist).
-* :class:`~airflow_kinesis_spark.hooks.spark_connect.SparkConnectJob` — the job in this process
-  against a running Spark Connect server (connection type ``spark_connect``): no JVM start per
-  batch.
+* :class:`~airflow_kinesis_spark.hooks.spark_connect.SparkConnectJob` — the job's driver in this
+  process against a running Spark Connect server (connection type ``spark_connect``): no JVM
+  start per batch.
 
-:func:`spark_job_for` picks one from the connection's type; :class:`SparkJob` does so on first use. A third runner only has to implement
-``run(plan, records_expected=...)`` and ``kill()``.
+:func:`spark_job_for` picks one from the connection's type; :class:`SparkJob` does so on first use.
+A third runner only has to implement ``run_handed(arguments, output_location=...)`` and ``kill()``.
 
 pyspark and the apache-spark provider are imported when a runner runs, not when this module
 is imported, so a worker that only plans and commits needs neither.
@@ -28,7 +28,6 @@ its server checks and sessions in ``hooks.spark_connect``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -40,12 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.names import stream_name_of
-from airflow_kinesis_spark.core.planner import BatchPlan
-from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.hooks.spark_connect import SparkConnectJob
 from airflow_kinesis_spark.hooks.spark_logs import with_log_config
 from airflow_kinesis_spark.hooks.spark_package import core_zip, spark_script_path
-from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, _log_result, after_failure, describe
+from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, after_failure, describe
 from airflow_kinesis_spark.hooks.spark_temp import (
     _write_owner,
     batch_temp_dir,
@@ -74,12 +71,11 @@ LOCAL_UI_CONF = {
 class SparkSubmitJob:
     """Run the batch with ``spark-submit`` (the apache-spark provider's hook, connection ``spark``).
 
-    An incremental batch is handed over in the checkpoint store (:meth:`run_handed`,
-    ``core.job``): the job gets only its arguments, claims the batch, reads the plan and records
-    its report there, so the driver may run anywhere spark-submit puts it (``local[*]``, client or
-    cluster deploy mode). A window (no checkpoint store) passes its plan in a file of a private
-    temporary directory and its report comes back the same way (:meth:`run`). The Airflow-free
-    code ships as ``--py-files``. Credentials reach the job through spark-submit's environment,
+    A batch or window is handed over in the checkpoint store (:meth:`run_handed`, ``core.job``):
+    the job gets only its arguments, claims the batch, reads the plan and records its report
+    there, so the driver may run anywhere spark-submit puts it (``local[*]``, client or cluster
+    deploy mode). No file passes between this worker and the driver. The Airflow-free code ships
+    as ``--py-files``. Credentials reach the job through spark-submit's environment,
     never its command line: on YARN and Kubernetes, where the provider turns the environment into
     ``--conf`` options, none are passed and the cluster's own role is used. The provider's hook
     is used through its public API only (constructor arguments, ``submit``, ``on_kill``); the
@@ -97,8 +93,6 @@ class SparkSubmitJob:
     local master Spark's own scratch space is there too.
     """
 
-    takes_batch_from_store = True
-
     def __init__(self, settings: SparkJobSettings) -> None:
         self.settings = settings
         self._hook: Any = None
@@ -110,11 +104,11 @@ class SparkSubmitJob:
             to its staging directories).
         :raises RuntimeError: the job failed (its exit code and the hook's error).
         """
-        plan_label = f"batch {arguments.batch_id}"
         with batch_temp_dir(arguments.batch_id) as tmp:
             args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
-            self._submit(plan_label, args, core_zip(tmp), arguments.stream_name, arguments.consumer_name, arguments.batch_id,
-                         output_location=output_location, checkpoint_table=arguments.checkpoint_table)  # fmt: skip
+            self._submit(describe(arguments), args, core_zip(tmp), arguments.stream_name, arguments.consumer_name,
+                         arguments.batch_id, output_location=output_location, checkpoint_table=arguments.checkpoint_table,
+                         after=after_failure(arguments))  # fmt: skip
 
     def submit_detached(self, arguments: JobArguments, *, output_location: str | None = None) -> str:
         """Start the job of a handed batch and return without waiting for it (a deferrable
@@ -191,24 +185,6 @@ class SparkSubmitJob:
             "development, or deferrable=False."
         )
 
-    def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
-        """Run the job of ``plan`` from a plan file (window mode).
-
-        :raises RuntimeError: the job failed or ended without a report.
-        """
-        with batch_temp_dir(plan.batch_id) as tmp:
-            plan_file = os.path.join(tmp, "plan.json")
-            report_file = os.path.join(tmp, "report.json")
-            with open(plan_file, "w", encoding="utf-8") as fh:
-                json.dump(plan.to_dict(), fh)
-            args = ["--plan-file", plan_file, "--report-file", report_file, *self.settings.read_options.job_args(records_expected)]
-            self._submit(describe(plan), args, core_zip(tmp), plan.stream_name, plan.consumer_name, plan.batch_id,
-                         output_location=plan.output_location, after=after_failure(plan))  # fmt: skip
-            if not os.path.exists(report_file):
-                raise RuntimeError(f"The Spark job of {describe(plan)} ended without a report. {after_failure(plan)}")
-            with open(report_file, encoding="utf-8") as fh:
-                return _log_result(plan, json.load(fh))
-
     def kill(self) -> None:
         hook = self._hook
         if hook is not None:
@@ -216,8 +192,7 @@ class SparkSubmitJob:
 
     def _submit(
         self, label: str, args: list[str], core: str, stream_name: str, consumer_name: str, batch_id: int, *,
-        output_location: str | None, checkpoint_table: str | None = None,
-        after: str = "No checkpoint moved; the plan stays pending and the next attempt re-uses it.",
+        output_location: str | None, checkpoint_table: str | None, after: str,
     ) -> None:  # fmt: skip
         from airflow_kinesis_spark.hooks.spark_submit import spark_connection
 
@@ -323,15 +298,6 @@ class SparkJob:
             self.runner = spark_job_for(self.settings, self.session_scope)
         return self.runner
 
-    @property
-    def takes_batch_from_store(self) -> bool:
-        """Whether the runner takes its batch from the store (spark-submit) or runs it in this
-        process (Spark Connect); looks the connection up."""
-        return self._runner().takes_batch_from_store
-
-    def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
-        return self._runner().run(plan, records_expected=records_expected)
-
     def check_detachable(self) -> None:
         """:meth:`SparkSubmitJob.check_detachable`.
 
@@ -353,9 +319,8 @@ class SparkJob:
         return self._detachable().submit_detached(arguments, output_location=output_location)
 
     def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
-        runner = self._runner()
-        assert isinstance(runner, SparkSubmitJob), "only the spark-submit runner takes its batch from the store"
-        runner.run_handed(arguments, output_location=output_location)
+        """The runner's ``run_handed``: the job of the batch (or window) handed over in the store."""
+        self._runner().run_handed(arguments, output_location=output_location)
 
     def kill(self) -> None:
         if self.runner is not None:

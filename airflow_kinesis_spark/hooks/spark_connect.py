@@ -35,11 +35,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.planner import BatchPlan
-from airflow_kinesis_spark.core.ranges import ShardReport
-from airflow_kinesis_spark.exceptions import EndpointUnreachableError
+from airflow_kinesis_spark.exceptions import EndpointUnreachableError, KinesisSparkError
 from airflow_kinesis_spark.hooks.spark_package import core_zip
-from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, _log_result, after_failure, describe
+from airflow_kinesis_spark.hooks.spark_settings import SparkJobSettings, after_failure, describe
 from airflow_kinesis_spark.hooks.spark_temp import batch_temp_dir
 
 # The logger of ``hooks.spark``, where these lines were written before this module held them:
@@ -286,7 +286,7 @@ class SparkConnectJob:
     :data:`DEFAULT_UNRESPONSIVE_TIMEOUT`), with :class:`TimeoutError`; see :meth:`run`.
     """
 
-    takes_batch_from_store = False
+    takes_batch_from_store = True
 
     def __init__(self, settings: SparkJobSettings, session_scope: str = "KinesisToSparkOperator") -> None:
         self.settings = settings
@@ -297,8 +297,17 @@ class SparkConnectJob:
         self._channels: list[Any] = []
         self._abandoned = False
 
-    def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
-        """Run the batch's job over Spark Connect and return its reports.
+    def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
+        """Run the job of the batch (or window) handed over in the checkpoint store, over Spark Connect.
+
+        This process is the job's driver: as a spark-submit driver does (``core.job``), it claims
+        the batch from the store under a writer id of its own, reads the plan there (refused unless
+        it is the plan the worker checked, ``check_bound_plan``), holds the lease while the job
+        runs (losing it interrupts the server's jobs), and records the report there, fenced on its
+        writer id; a window's report is stored under the window's items. The store is reached with
+        the task's own DynamoDB client (``SparkJobSettings.checkpoint_hook``). A Connect client
+        cannot move files on the server's file system, so the job writes the plan's output
+        location itself rather than a staging directory (``run_handed_batch``'s ``publish=None``).
 
         The job runs in a thread of this process while this one checks that the server answers
         (:func:`server_answers`, every :data:`SERVER_CHECK_INTERVAL` seconds). A server that
@@ -307,58 +316,81 @@ class SparkConnectJob:
         (``sc://host:port``, never a token), the client is closed and :class:`TimeoutError` is
         raised, so the protocol releases the batch's lease and a retry may take it over at once.
 
+        :param output_location: the batch's output location (scopes the job's credentials).
         :raises RuntimeError: the job failed; :raises EndpointUnreachableError: no server at the start.
         :raises TimeoutError: the server stopped answering while the job ran.
         :raises ValueError: the connection's ``unresponsive_timeout`` is not a number of seconds > 0.
+        :raises KinesisSparkError: as ``core.job.run_handed_batch`` / ``run_handed_window`` (the
+            batch is not pending or was taken over, its plan is not the one checked, its report
+            does not match the plan); not wrapped, so the operators' error policy sees them.
         """
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
+        from airflow_kinesis_spark import job  # what spark_scripts/kinesis_batch.py runs
+        from airflow_kinesis_spark.core.job import check_planned_transform, run_handed_batch, run_handed_window
+        from airflow_kinesis_spark.core.names import stream_name_of
+        from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
         from airflow_kinesis_spark.core.transform import resolve_transform
 
-        from airflow_kinesis_spark import job  # what spark_scripts/kinesis_batch.py runs
-
         s = self.settings
+        label, after = describe(arguments), after_failure(arguments)
         transform = resolve_transform(s.transform, s.transform_allowed_modules) if s.transform else None
+        if s.checkpoint_hook is None:
+            raise ValueError("the Spark Connect runner takes its batch from the checkpoint store: SparkJobSettings "
+                             "needs the checkpoint_hook of the task's checkpoint table")  # fmt: skip
         connect_hook = SparkConnectHook(conn_id=s.spark_conn_id)
         url = connect_hook.get_connection_url()
         extra = connect_hook.get_connection(s.spark_conn_id).extra_dejson
         timeout = unresponsive_timeout(extra, s.spark_conn_id)
         if s.job_credentials != "none":  # before any credential is even made
             check_connect_transport(url, s.spark_conn_id, allow_insecure=bool(extra.get(ALLOW_INSECURE_EXTRA)))
-        aws_env = s.aws_environment(plan.stream_name, output_location=plan.output_location)
+        aws_env = s.aws_environment(arguments.stream_name, output_location=output_location)
+        if arguments.region_name:
+            aws_env.setdefault("AWS_DEFAULT_REGION", arguments.region_name)  # the executors' Kinesis clients
         if s.reuse_connect_session:
             self._secret = session_secret(extra.get(SESSION_SECRET_EXTRA))
-        log.info("Running the Spark job of %s over Spark Connect (%d shard ranges)", describe(plan), len(plan.ranges))
         check_spark_connect(url, s.spark_conn_id)
+        store = DynamoDBCheckpointStore(s.checkpoint_hook.conn, arguments.checkpoint_table, arguments.stream_name,
+                                        arguments.consumer_name)  # fmt: skip
+        options = s.read_options.job_options(arguments.records_expected)
         saved = {k: os.environ.get(k) for k in CONNECT_ENV_VARS}
         abandoned = False
         self._channels, self._abandoned = [], False
+        log.info("Running the Spark job of %s of stream %r, consumer %r over Spark Connect", label,
+                 stream_name_of(arguments.stream_name), arguments.consumer_name)  # fmt: skip
 
         def work() -> dict[str, Any]:
-            with batch_temp_dir(plan.batch_id) as tmp:
+            with batch_temp_dir(arguments.batch_id) as tmp:
                 artifacts = [core_zip(tmp), *filter(None, (s.py_files or "").split(","))]
-                spark = self._session(url, plan, artifacts)
-                return job.run(spark, plan.to_dict(), transform, aws_env,  # type: ignore[no-any-return]
-                               s.read_options.job_options(records_expected))  # fmt: skip
+
+                def write(plan: BatchPlan, location: str) -> dict[str, Any]:
+                    check_planned_transform(plan, s.transform)  # the plan's transform is the DAG's (BOUND)
+                    spark = self._session(url, plan, artifacts)
+                    return job.run(spark, plan.to_dict(), transform, aws_env, options, location)
+
+                if arguments.window:
+                    return run_handed_window(store, arguments, write=write, publish=None, discard=lambda staging: None)
+                return run_handed_batch(store, arguments, write=write, publish=None, discard=lambda staging: None,
+                                        cancel=self.kill)  # fmt: skip
 
         try:
-            result = _while_server_answers(work, url, timeout, what=f"the Spark job of {describe(plan)}")
+            outcome = _while_server_answers(work, url, timeout, what=f"the Spark job of {label}")
         except _ServerUnresponsive as gone:
             abandoned = True
             endpoint = f"sc://{_channel_builder(url).endpoint}"
             log.error("The Spark Connect server %s (spark_connect connection %r) answered nothing for %.0f s "
                       "(unresponsive_timeout %g s): giving up the Spark job of %s", endpoint, s.spark_conn_id,
-                      gone.silent, timeout, describe(plan))  # fmt: skip
+                      gone.silent, timeout, label)  # fmt: skip
             raise TimeoutError(
                 f"The Spark Connect server {endpoint} of spark_connect connection {s.spark_conn_id!r} answered nothing "
-                f"for {gone.silent:.0f} s while it ran the Spark job of {describe(plan)} (the connection's extra "
+                f"for {gone.silent:.0f} s while it ran the Spark job of {label} (the connection's extra "
                 f"{UNRESPONSIVE_TIMEOUT_EXTRA!r} is {timeout:g} s): it was killed, froze or cannot be reached; the job "
-                f"was given up. {after_failure(plan)}"
+                f"was given up. {after}"
             ) from None
+        except KinesisSparkError:
+            raise  # the protocol's own errors: the error policy decides whether a retry can help
         except Exception as err:
-            raise RuntimeError(
-                f"The Spark job of {describe(plan)} failed over Spark Connect: {err}. {after_failure(plan)}"
-            ) from err
+            raise RuntimeError(f"The Spark job of {label} failed over Spark Connect: {err}. {after}") from err
         finally:
             if abandoned:
                 self._abandon()
@@ -371,7 +403,7 @@ class SparkConnectJob:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
-        return _log_result(plan, result)
+        log.debug("Spark job of %s: %s (writer %s)", label, outcome.get("status"), outcome.get("writer"))
 
     def kill(self) -> None:
         spark = self._spark

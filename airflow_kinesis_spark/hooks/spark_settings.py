@@ -1,5 +1,5 @@
 """What every Spark runner shares: its settings (:class:`SparkJobSettings`, with the job's AWS
-environment and credentials) and how a run's plan and result read in messages and the log.
+environment and credentials) and how a run reads in messages.
 
 The spark-submit runner (``hooks.spark``) and the Spark Connect runner (``hooks.spark_connect``)
 use these; this module imports neither. Log lines keep the logger of ``hooks.spark``
@@ -13,9 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_kinesis_spark.core.planner import BatchPlan
-from airflow_kinesis_spark.core.positions import format_timestamp
-from airflow_kinesis_spark.core.ranges import ShardReport
+from airflow_kinesis_spark.core.job import JobArguments
 from airflow_kinesis_spark.core.read_options import ReadOptions
 
 if TYPE_CHECKING:
@@ -106,23 +104,13 @@ class SparkJobSettings:
         return env
 
 
-def describe(plan: BatchPlan) -> str:
-    """``batch N`` or ``window [start, end)``, for messages."""
-    if plan.mode == "window":
-        start, end = plan.window
-        return f"window [{format_timestamp(start)}, {format_timestamp(end)})"
-    return f"batch {plan.batch_id}"
+def describe(arguments: JobArguments) -> str:
+    """``batch N`` or ``window LABEL`` (``core.window.window_label``), for messages."""
+    return f"window {arguments.window}" if arguments.window else f"batch {arguments.batch_id}"
 
 
-def after_failure(plan: BatchPlan) -> str:
+def after_failure(arguments: JobArguments) -> str:
     """What a failed job leaves behind, for messages."""
-    if plan.mode == "window":
+    if arguments.window:
         return "A re-run reads the same window and overwrites its output."
     return "No checkpoint moved; the plan stays pending and the next attempt re-uses it."
-
-
-def _log_result(plan: BatchPlan, result: dict[str, Any]) -> list[ShardReport]:
-    # DEBUG: the task log's lines of the batch come from its summary (core.summaries.log_outcome)
-    log.debug("Spark job of %s: %d records read in %.1fs, %.1fs in all",
-             describe(plan), result["records"], result["read_seconds"], result["total_seconds"])  # fmt: skip
-    return [ShardReport.from_dict(r) for r in result["reports"]]

@@ -11,8 +11,7 @@ claims it, reads its plan from the store, holds its lease while it runs (losing 
 Spark jobs), writes to a staging directory under ``{output root}/_staging``, and, only while it
 still holds the lease, moves the output to the plan's location and records its per-shard report
 in the store (:func:`run_handed`). No file passes between the process that planned the batch and
-this driver. ``--plan-file PLAN.json --report-file REPORT.json`` instead (window mode, and tests)
-reads the plan from a file and writes the report to one.
+this driver. A window (``--window LABEL``) is handed over the same way, through the window's items.
 
 AWS credentials come from the driver's own chain (boto3's: the environment the runner set, or
 the cluster's instance profile, IRSA or EMR execution role), region and endpoints from
@@ -25,12 +24,11 @@ No Airflow import.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from typing import Any
 
-from airflow_kinesis_spark.core.job import JobArguments, run_handed_batch, run_handed_window
+from airflow_kinesis_spark.core.job import JobArguments, check_planned_transform, run_handed_batch, run_handed_window
 from airflow_kinesis_spark.core.read_options import ReadOptions
 from airflow_kinesis_spark.core.transform import check_transform_spec, resolve_transform
 from airflow_kinesis_spark.job.batch import discard, publish, run, store_for
@@ -57,11 +55,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Read one planned Kinesis batch into Parquet.")
     store = parser.add_argument_group("the batch, handed over in the checkpoint store (airflow_kinesis_spark.core.job)")
     JobArguments.add_arguments(store)
-    for action in store._group_actions:  # only required without --plan-file; checked in main()
-        action.required = False
-    files = parser.add_argument_group("window mode (the operator's local runner) and tests: the plan in a file")
-    files.add_argument("--plan-file", default=None, help="the batch plan (JSON)")
-    files.add_argument("--report-file", default=None, help="where to write the per-shard report (JSON)")
     parser.add_argument("--transform", default=None, help="optional module:function, DataFrame -> DataFrame")
     parser.add_argument("--transform-allowed-modules", default=None,
                         help="comma-separated module prefixes a transform may come from (the worker's "
@@ -77,11 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         log.warning("ignoring arguments this job does not take (added by the platform?): %s", unknown)
-    if args.plan_file is None and args.checkpoint_table is None:
-        parser.error("give the handed batch (--checkpoint-table, --stream, --consumer, --batch-id, --lease-owner) "
-                     "or --plan-file and --report-file")  # fmt: skip
-    if args.plan_file is not None and args.report_file is None:
-        parser.error("--plan-file needs --report-file")
     return args
 
 
@@ -117,12 +105,7 @@ def run_handed(args: argparse.Namespace) -> int:
 
     def write(plan: Any, location: str) -> dict[str, Any]:
         nonlocal spark
-        # The plan is the one the worker checked (core.job.check_bound_plan): its transform is the
-        # DAG's. Arguments edited on the way (an XCom between the plan task and this job) are refused.
-        planned = (plan.task_settings or {}).get("transform") if plan.task_settings is not None else args.transform
-        if (args.transform or None) != (planned or None):
-            raise ValueError(f"--transform {args.transform!r} is not the transform batch {plan.batch_id} was planned with "
-                             f"({planned!r}): these job arguments were changed after the plan task. Nothing was read or written.")  # fmt: skip
+        check_planned_transform(plan, args.transform)  # the plan's transform is the DAG's (BOUND)
         transform = resolve_transform(args.transform, args.transform_allowed_modules)
         spark = build_session(f"kinesis-batch-{plan.stream_name}-{plan.consumer_name}-{plan.batch_id}")
         return run(spark, plan.to_dict(), transform, aws_env, options, location)
@@ -164,26 +147,6 @@ def configure_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
     args = parse_args(argv)
-    if args.plan_file is None:
-        if args.transform:
-            check_transform_spec(args.transform, args.transform_allowed_modules)  # a malformed spec fails at once; imported once the plan is checked
-        return run_handed(args)
-    transform = resolve_transform(args.transform, args.transform_allowed_modules)  # fail before reading anything
-    with open(args.plan_file, encoding="utf-8") as fh:
-        plan = json.load(fh)
-    options = reader_options(args)
-    aws_env = {k: os.environ[k] for k in AWS_ENV_VARS if os.environ.get(k)}
-    spark = build_session(f"kinesis-batch-{plan['stream_name']}-{plan['consumer_name']}-{plan['batch_id']}")
-    try:
-        result = run(spark, plan, transform, aws_env, options)
-    finally:
-        spark.stop()
-    tmp = args.report_file + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(result, fh)
-    os.replace(tmp, args.report_file)
-    log.info(
-        "batch %s: %d records from %d shard ranges written to %s in %.1fs",
-        plan["batch_id"], result["records"], len(result["reports"]), result["output_location"], result["total_seconds"],
-    )  # fmt: skip
-    return 0
+    if args.transform:
+        check_transform_spec(args.transform, args.transform_allowed_modules)  # a malformed spec fails at once; imported once the plan is checked
+    return run_handed(args)

@@ -125,8 +125,6 @@ class KinesisBatchBaseOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         *AWS_TEMPLATE_FIELDS,
     )  # fmt: skip
     ui_color = "#f4a460"
-    #: Whether runs read and advance the checkpoint store (window mode does not).
-    uses_checkpoints = True
     #: The settings objects this operator takes (``operators.settings``).
     settings_arguments: Sequence[str] = ("output_settings", "record_settings", "read_options")
 
@@ -174,8 +172,7 @@ class KinesisBatchBaseOperator(OutputSettingsMixin, KinesisAwsBaseOperator):
         :raises ValueError: naming the argument, the problem and the fix.
         """
         validate_stream_name(self.stream_name)
-        if self.uses_checkpoints or self.checkpoint_table:
-            validate_table_name(self.checkpoint_table)
+        validate_table_name(self.checkpoint_table)
         validate_consumer_name(self.consumer_name)
         if not self.output_path or not isinstance(self.output_path, str):
             raise ValueError("output_path is required: a directory Spark can write Parquet to")

@@ -18,7 +18,10 @@ from airflow_kinesis_spark.operators.base import KinesisBatchBaseOperator, refus
 from airflow_kinesis_spark.operators.settings import SparkSettings
 from airflow_kinesis_spark.operators.spark_settings import SparkSettingsMixin
 
-__all__ = ["INCREMENTAL_ONLY", "KinesisWindowToSparkOperator"]
+__all__ = ["INCREMENTAL_ONLY", "DEFAULT_WINDOW_TABLE", "KinesisWindowToSparkOperator"]
+
+#: The checkpoint table of windows whose task names none: their plans and reports pass through it.
+DEFAULT_WINDOW_TABLE = "kinesis_spark_windows"
 
 #: Arguments of ``KinesisToSparkOperator`` that :class:`KinesisWindowToSparkOperator` does not take
 #: (and refuses, saying why): where an incremental batch starts and stops, its lease and
@@ -55,11 +58,13 @@ class KinesisWindowToSparkOperator(SparkSettingsMixin, KinesisBatchBaseOperator)
         from ``spark_settings.conf``, else the CPU count.
     :param consumer_name: only names the Spark application and the window's items in
         ``checkpoint_table`` (default ``window``).
-    :param checkpoint_table: a DynamoDB table (templated) through which a spark-submit job takes
-        the window's plan and returns its report, so the driver may run anywhere (cluster deploy
-        mode); its items expire after 7 days and no checkpoint is read or moved. ``None``
-        (default): the plan and the report pass through files on this worker, so the driver must
-        run here (a local master or client deploy mode).
+    :param checkpoint_table: the DynamoDB table (templated) through which the job takes the
+        window's plan and returns its report, so the driver may run anywhere (cluster deploy
+        mode, Spark Connect); created on first use, its window items expire after 7 days. No
+        checkpoint is moved; the consumer's committed checkpoints are read when the window writes
+        into the consumer's own output (the window may not reach past them), so give a window into
+        an incremental consumer's output that consumer's table. Default
+        :data:`DEFAULT_WINDOW_TABLE`.
     :param allow_data_loss: read a window that starts before the trim horizon, reporting the gap;
         without it such a window fails without retry.
     :returns: (XCom) ``mode`` ``window``, ``status`` (``written`` or ``no_records``),
@@ -81,7 +86,6 @@ class KinesisWindowToSparkOperator(SparkSettingsMixin, KinesisBatchBaseOperator)
 
     settings_arguments: Sequence[str] = (*KinesisBatchBaseOperator.settings_arguments, "spark_settings")
     template_fields: Sequence[str] = (*KinesisBatchBaseOperator.template_fields, "spark_settings", "window_start", "window_end")
-    uses_checkpoints = False
 
     def __init__(
         self,
@@ -94,14 +98,14 @@ class KinesisWindowToSparkOperator(SparkSettingsMixin, KinesisBatchBaseOperator)
         slice_length: timedelta = timedelta(minutes=15),
         parallelism: int | None = None,
         consumer_name: str = "window",
-        checkpoint_table: str | None = None,
+        checkpoint_table: str = DEFAULT_WINDOW_TABLE,
         spark_settings: SparkSettings | None = None,
         **kwargs: Any,
     ) -> None:
         refuse_arguments(type(self).__name__, kwargs, INCREMENTAL_ONLY,
                          "a window reads [window_start, window_end) by arrival time in the worker's run, with no "
                          "checkpoint, lease or batch log; use KinesisToSparkOperator for incremental batches")
-        super().__init__(stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table or "",
+        super().__init__(stream_name=stream_name, consumer_name=consumer_name, checkpoint_table=checkpoint_table,
                          output_path=output_path, **kwargs)  # fmt: skip
         self._init_spark(spark_settings)
         self.window_start = window_start
@@ -138,8 +142,6 @@ class KinesisWindowToSparkOperator(SparkSettingsMixin, KinesisBatchBaseOperator)
             allow_data_loss=self.allow_data_loss, min_call_interval=self.read_options.min_call_interval, sink=self.sink,
             consumer_type=self.consumer_type, summary_budget=self.kinesis_hook.summary_budget,
         )  # fmt: skip
-        if not self.checkpoint_table:
-            return run_window(self.kinesis_hook.conn, self.spark_job, settings)
         store = self.checkpoint_hook.get_store(self.checkpoint_table, self.stream_name, self.consumer_name,
                                                point_in_time_recovery=self.point_in_time_recovery,
                                                deletion_protection=self.deletion_protection)  # fmt: skip

@@ -135,7 +135,7 @@ def test_the_plan_task_hands_the_job_run_its_batch_and_the_commit_commits_its_re
     job_args = JobArguments.from_namespace(ns)
     assert (job_args.checkpoint_table, job_args.stream_name, job_args.consumer_name) == (table, unique_name, consumer)
     assert (job_args.batch_id, job_args.lease_owner, job_args.region_name) == (1, handover["lease_owner"], REGION)
-    assert job_args.records_expected is True and ns.transform == plan.transform and ns.plan_file is None
+    assert job_args.records_expected is True and ns.transform == plan.transform
 
     # The commit task defers to the trigger that waits for the job's report.
     with pytest.raises(TaskDeferred) as deferred:

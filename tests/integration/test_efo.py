@@ -23,6 +23,7 @@ from airflow_kinesis_spark.core.reader import ShardReader
 from demo.producer import put_aggregated, put_plain
 from demo.subscribe import FanOutProxy
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
+from tests.helpers import InProcessJob
 
 pytestmark = [pytest.mark.integration]
 
@@ -197,18 +198,19 @@ def test_operator_batches_with_efo_equal_polling_and_a_consumer_switches_between
         proxy.stop()
 
 
-class SubscribingJob:
-    """A job without Spark that reads every planned range as the Spark job does (``ShardReader``
-    with the plan's consumer ARN: SubscribeToShard for an EFO plan, GetRecords otherwise), in
-    the plan's order, and keeps the rows and reports of each batch."""
+class SubscribingJob(InProcessJob):
+    """A job without Spark (``tests.helpers.InProcessJob``) that reads every planned range as the
+    Spark job does (``ShardReader`` with the plan's consumer ARN: SubscribeToShard for an EFO plan,
+    GetRecords otherwise), in the plan's order, and keeps the rows and reports of each batch."""
 
-    def __init__(self, kinesis) -> None:
+    def __init__(self, kinesis, dynamodb) -> None:
+        super().__init__(dynamodb)
         self.kinesis = kinesis
         self.plans: dict[int, object] = {}
         self.rows: dict[int, list[tuple]] = {}
         self.reports: dict[int, list] = {}
 
-    def run(self, plan, *, records_expected: bool):
+    def write_reports(self, plan, location: str):
         rows, reports = [], []
         for rng in plan.ranges:
             records, report = ShardReader(self.kinesis, plan.stream_name, rng, min_call_interval=0, read_bytes_per_second=None,
@@ -217,9 +219,6 @@ class SubscribingJob:
             reports.append(report)
         self.plans[plan.batch_id], self.rows[plan.batch_id], self.reports[plan.batch_id] = plan, rows, reports
         return reports
-
-    def kill(self) -> None:
-        pass
 
 
 def keys_in(low: int, high: int, n: int, prefix: str) -> list[str]:
@@ -252,7 +251,7 @@ def test_efo_across_a_split_and_a_merge_reads_what_polling_reads_children_after_
         shard0, shard1 = list_shards(kinesis, stream)
         consumers = {"efo": "fan-out", "polling": "poller"}
         stores = {kind: DynamoDBCheckpointStore(dynamodb, f"{stream}_{kind}", stream, name) for kind, name in consumers.items()}
-        jobs = {kind: SubscribingJob(kinesis) for kind in consumers}
+        jobs = {kind: SubscribingJob(kinesis, dynamodb) for kind in consumers}
         for store in stores.values():
             store.ensure_table()
 

@@ -39,7 +39,6 @@ from airflow_kinesis_spark.core.job import (
 )
 from airflow_kinesis_spark.core.planner import BatchPlan
 from airflow_kinesis_spark.core.probes import probe_ranges
-from airflow_kinesis_spark.core.interfaces import hands_off
 from airflow_kinesis_spark.core.protocol import IncrementalSettings, commit_handed, prepare_incremental, run_incremental
 from airflow_kinesis_spark.core.head import Head
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
@@ -52,7 +51,6 @@ from airflow_kinesis_spark.exceptions import (
 from demo.producer import put_aggregated, put_plain
 from tests.conftest import create_stream
 from tests.helpers import read_plan
-from tests.integration.test_protocol import ReaderJob
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +66,7 @@ WAIT = 30.0
 
 
 class FileJob:
-    """A handed job without Spark (a :class:`~airflow_kinesis_spark.core.interfaces.HandedBatchJob`).
+    """A handed job without Spark (a :class:`~airflow_kinesis_spark.core.interfaces.BatchJob`).
 
     :param store_class: the store the driver builds from its arguments (a paused one, see
         :func:`store_paused_at`).
@@ -76,8 +74,6 @@ class FileJob:
     :param drop_range: report one range less than planned (a broken job).
     :param publish_fails: ``publish`` removes the target, then fails (a rename that failed).
     """
-
-    takes_batch_from_store = True
 
     def __init__(
         self, kinesis: Any, dynamodb: Any, *, store_class: type[DynamoDBCheckpointStore] = DynamoDBCheckpointStore,
@@ -257,7 +253,6 @@ def test_a_handed_batch_is_committed_exactly_once_from_its_jobs_output(kinesis, 
     produced = put_plain(kinesis, unique_name, records) + put_aggregated(kinesis, unique_name, aggregated, per_aggregate=5)
     root = tmp_path / "out"
     job = FileJob(kinesis, dynamodb)
-    assert hands_off(job)
 
     summary = run_incremental(kinesis, store, job, settings(unique_name, root), "run-1")
 
@@ -280,22 +275,6 @@ def test_a_handed_batch_is_committed_exactly_once_from_its_jobs_output(kinesis, 
     checkpoints = store.committed_checkpoints()
     assert {k: v["checkpoint"] for k, v in summary["shards"].items()} == {k: str(v) for k, v in checkpoints.items()}
 
-    # The same summary as the in-process path gives for the same records (a twin stream).
-    twin = unique_name + "-twin"
-    create_stream(kinesis, twin, 2)
-    put_plain(kinesis, twin, records)
-    put_aggregated(kinesis, twin, aggregated, per_aggregate=5)
-    twin_store = DynamoDBCheckpointStore(dynamodb, store.table_name, twin, "lake")
-    twin_store.ensure_table()
-    in_process = run_incremental(kinesis, twin_store, ReaderJob(kinesis), settings(twin, tmp_path / "twin"), "run-1")
-    assert set(summary) == set(in_process)
-    positional = {"first", "last", "checkpoint"}  # sequence numbers: each stream has its own
-    for key in set(summary) - {"stream_name", "output_path", "cutoff", "shards"}:
-        assert summary[key] == in_process[key], key
-    assert {k: {f: v for f, v in s.items() if f not in positional} for k, s in summary["shards"].items()} == {
-        k: {f: v for f, v in s.items() if f not in positional} for k, s in in_process["shards"].items()
-    }
-    assert all(set(s) == set(in_process["shards"][k]) for k, s in summary["shards"].items())
 
 
 def test_a_report_that_does_not_match_the_plan_is_never_recorded_nor_published(kinesis, dynamodb, store, unique_name, tmp_path):

@@ -32,7 +32,7 @@ from airflow_kinesis_spark.sinks import build_sink
 from airflow_kinesis_spark.sinks.leftovers import find_leftovers, remove_leftovers, scan_leftovers
 from airflow_kinesis_spark.sinks.parquet import committed_files
 from tests.conftest import create_stream
-from tests.helpers import read_plan
+from tests.helpers import InProcessJob, read_plan
 
 pytestmark = pytest.mark.integration
 
@@ -432,22 +432,20 @@ def test_the_command_lists_by_default_and_removes_with_delete_yes(tmp_path):
 # -- the staging sweep after a checkpoint commit ----------------------------------------------
 
 
-class WritingJob:
-    """A job without Spark: reads each range with the real reader and writes the rows as one
-    Parquet file into the batch's output location."""
+class WritingJob(InProcessJob):
+    """A job without Spark (``tests.helpers.InProcessJob``): reads each range with the real reader
+    and writes the rows as one Parquet file into its staging location, which it then publishes."""
 
-    def __init__(self, kinesis) -> None:
+    def __init__(self, kinesis, dynamodb) -> None:
+        super().__init__(dynamodb)
         self.kinesis = kinesis
 
-    def run(self, plan: BatchPlan, *, records_expected: bool):
+    def write_reports(self, plan: BatchPlan, location: str):
         found, reports = read_plan(self.kinesis, plan)
-        folder = Path(plan.output_location)
+        folder = Path(location)
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table({"sequence_number": [r[1] for r in found]}), folder / "part-00000.parquet")
         return reports
-
-    def kill(self) -> None:
-        pass
 
 
 def test_a_checkpoint_commit_sweeps_the_staging_folders_of_committed_batches(kinesis, dynamodb, unique_name, tmp_path):
@@ -471,7 +469,7 @@ def test_a_checkpoint_commit_sweeps_the_staging_folders_of_committed_batches(kin
     settings = IncrementalSettings(stream_name=unique_name, consumer_name="lake", output_root=str(root),
                                    cutoff=datetime.now(timezone.utc), min_call_interval=0.0,
                                    sink=build_sink("parquet", str(root)))  # fmt: skip
-    summary = run_incremental(kinesis, store, WritingJob(kinesis), settings, "run-1")
+    summary = run_incremental(kinesis, store, WritingJob(kinesis, dynamodb), settings, "run-1")
     assert summary["status"] == "committed" and summary["batch_id"] == 1
     assert (root / "_committed" / "batch_id=1" / "manifest").exists()
     assert [p.name for p in dead if p.exists()] == []

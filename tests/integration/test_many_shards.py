@@ -13,7 +13,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
-from tests.helpers import checkpoints_after, make_plan, open_shards, read_plan, reports_for
+from tests.helpers import InProcessJob, checkpoints_after, make_plan, open_shards, read_plan, reports_for
 
 from airflow_kinesis_spark.core.protocol import IncrementalSettings, run_incremental
 from airflow_kinesis_spark.core.shards import list_shards
@@ -33,8 +33,8 @@ ITEM_LIMIT_BYTES = 400 * 1024
 class NoJob:
     """The Spark job of a run that must not need one."""
 
-    def run(self, plan: Any, *, records_expected: bool) -> list:
-        raise AssertionError(f"a run without new records started a job for batch {plan.batch_id}")
+    def run_handed(self, arguments: Any, *, output_location: str | None = None) -> None:
+        raise AssertionError(f"a run without new records started a job for batch {arguments.batch_id}")
 
     def kill(self) -> None:
         pass
@@ -121,21 +121,23 @@ def test_a_plan_and_the_checkpoints_of_1000_shards_are_chunked_within_the_item_l
     assert reader.committed_checkpoints() == checkpoints
 
 
-class CountingReaderJob:
-    """Reads every planned range in this process (``tests.helpers.read_plan``) and notes how many
-    ``GetShardIterator`` calls the run had made before it started: the probes' calls."""
+class CountingReaderJob(InProcessJob):
+    """Reads every planned range in this process (``tests.helpers.read_plan``; a
+    ``tests.helpers.InProcessJob``) and notes how many ``GetShardIterator`` calls the run had made
+    before it started: the probes' calls."""
 
-    def __init__(self, kinesis: Any, calls: dict[str, int]) -> None:
+    def __init__(self, kinesis: Any, dynamodb: Any, calls: dict[str, int]) -> None:
+        super().__init__(dynamodb)
         self.kinesis, self.calls = kinesis, calls
         self.probe_iterators: int | None = None
 
-    def run(self, plan: Any, *, records_expected: bool) -> list:
-        self.probe_iterators = self.calls["GetShardIterator"]
-        assert records_expected
-        return read_plan(self.kinesis, plan)[1]
+    def run_handed(self, arguments: Any, *, output_location: str | None = None) -> None:
+        assert arguments.records_expected
+        super().run_handed(arguments, output_location=output_location)
 
-    def kill(self) -> None:
-        pass
+    def write_reports(self, plan: Any, location: str) -> list:
+        self.probe_iterators = self.calls["GetShardIterator"]
+        return read_plan(self.kinesis, plan)[1]
 
 
 def test_a_batch_probes_only_until_the_first_record_and_the_job_reads_every_range(moto_endpoint, dynamodb, unique_name, caplog):
@@ -156,7 +158,7 @@ def test_a_batch_probes_only_until_the_first_record_and_the_job_reads_every_rang
     assert {p.shard_id for p in produced} == {s.shard_id for s in shards}  # a record in every shard
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_t", unique_name, "lake")
     store.ensure_table()
-    job = CountingReaderJob(kinesis, calls)
+    job = CountingReaderJob(kinesis, dynamodb, calls)
     caplog.set_level(logging.INFO, logger="airflow_kinesis_spark.core.reader")
     settings = IncrementalSettings(stream_name=unique_name, consumer_name="lake", output_root="mem://out",
                                    cutoff=datetime.now(timezone.utc), min_call_interval=0.0)  # fmt: skip
@@ -192,7 +194,7 @@ def test_idle_probes_overlap_their_pauses_and_keep_within_the_connection_pool(mo
         return IncrementalSettings(stream_name=unique_name, consumer_name="lake", output_root="mem://out",
                                    cutoff=datetime.now(timezone.utc), min_call_interval=0.2)  # fmt: skip
 
-    first = run_incremental(kinesis, store, CountingReaderJob(kinesis, calls), settings(), "run-1")
+    first = run_incremental(kinesis, store, CountingReaderJob(kinesis, dynamodb, calls), settings(), "run-1")
     assert first["status"] == "committed" and first["records"] == 200
     assert sum(c.position is not None and c.position.sub_sequence_number is not None
                for c in store.committed_checkpoints().values()) >= 3  # fmt: skip

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import time
+from datetime import datetime, timedelta, timezone
 
 import pyarrow.parquet as pq
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.hooks.spark_submit import BatchSparkSubmitHook
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
+from airflow_kinesis_spark.operators.window import KinesisWindowToSparkOperator
 from airflow_kinesis_spark.operators.settings import ReadOptions, SparkSettings
 from demo.producer import put_aggregated, put_plain, verify
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
@@ -50,13 +54,14 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
     shipped: list[bytes] = []
     job_run = job.run
 
-    def spy(spark, plan, transform, aws_env, options):  # what goes to the server: the pickled read function and its arguments
+    def spy(spark, plan, transform, aws_env, options, location=None):  # what goes to the server: the pickled read function and its arguments
         shipped.append(cloudpickle.dumps(job.make_reader_function(plan["stream_name"], aws_env, options)))
         shipped.append(json.dumps([plan, aws_env, options]).encode())
-        return job_run(spark, plan, transform, aws_env, options)
+        return job_run(spark, plan, transform, aws_env, options, location)
 
     monkeypatch.setattr(job, "run", spy)
     create_stream(kinesis, unique_name, 2)
+    window_start = datetime.now(timezone.utc) - timedelta(seconds=1)
     produced = put_plain(kinesis, unique_name, [(f"10.1.1.{i % 9}", f"line {i}".encode()) for i in range(120)])
     produced += put_aggregated(kinesis, unique_name, [(f"10.1.1.{i % 4}", f"agg {i}".encode()) for i in range(80)])
     output = tmp_path / "out"
@@ -80,10 +85,22 @@ def test_batches_over_spark_connect(connections, kinesis, dynamodb, unique_name,
         rows.extend(zip(*t.to_pydict().values(), strict=True))
     assert verify(produced, [r[:5] for r in rows]).ok and store.head().committed_batch_id == 2
     assert "log_parsed" in pq.read_schema(next((output / "batch_id=1").glob("*.parquet"))).names
+    # Handed over in the store like every job: this process's driver claimed each batch and recorded its report.
+    assert re.fullmatch(r".+/driver-[0-9a-f]{12}", store.head().committed_report_owner or ""), store.head()
+    # A window over Spark Connect goes through its checkpoint table too (its plan and report are window items).
+    time.sleep(0.01)
+    window = KinesisWindowToSparkOperator(
+        task_id="window", stream_name=unique_name, checkpoint_table=f"{unique_name}_t", output_path=str(tmp_path / "windows"),
+        window_start=window_start.isoformat(), window_end=datetime.now(timezone.utc).isoformat(), time_slices=2,
+        spark_settings=SparkSettings(conn_id="spark_connect_test"), read_options=ReadOptions(min_call_interval=0.0),
+    ).execute({})  # fmt: skip
+    assert window["status"] == "written" and window["records"] == len(produced)
+    t = pq.read_table(window["output_path"], columns=["shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"])
+    assert verify(produced, list(zip(*t.to_pydict().values(), strict=True))).ok
     captured = capfd.readouterr()
     assert TEST_SECRET_KEY not in captured.out + captured.err
     # only scoped temporary credentials reach the server, never the connection's long-lived keys
-    assert len(shipped) == 4 and b"AWS_SESSION_TOKEN" in shipped[1]
+    assert len(shipped) == 6 and b"AWS_SESSION_TOKEN" in shipped[1]
     assert all(TEST_SECRET_KEY.encode() not in blob and TEST_ACCESS_KEY.encode() not in blob for blob in shipped)
     # the process is not left marked as a Spark Connect client (a later spark-submit would fail)
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_REMOTE" not in os.environ

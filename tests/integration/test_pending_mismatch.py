@@ -42,7 +42,7 @@ def store(dynamodb, unique_name):
 def left_pending(kinesis, store, stream: str, **planned) -> None:
     """Batch 1 planned with ``planned`` settings, its job failed: pending, lease released."""
     with pytest.raises(RuntimeError, match="injected"):
-        run_incremental(kinesis, store, ReaderJob(kinesis, fail_times=1), settings(stream, **planned), "run-1")
+        run_incremental(kinesis, store, ReaderJob(kinesis, store.client, fail_times=1), settings(stream, **planned), "run-1")
     head = store.head()
     assert head.pending_batch_id == 1 and head.committed_batch_id == 0
 
@@ -74,7 +74,7 @@ def test_a_changed_setting_fails_the_retry_naming_the_difference_and_the_fix(kin
     put_plain(kinesis, unique_name, [(f"k{i}", f"a{i}".encode()) for i in range(10)])
     left_pending(kinesis, store, unique_name, **planned)
     before = store.head()
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, store.client)
     with pytest.raises(PendingPlanMismatchError) as info:
         run_incremental(kinesis, store, job, settings(unique_name, **now), "run-2")
     message = str(info.value)
@@ -96,7 +96,7 @@ def test_every_difference_is_named_at_once(kinesis, store, unique_name):
     put_plain(kinesis, unique_name, [("k", b"a")])
     left_pending(kinesis, store, unique_name, output_root="s3://wrong", transform=TRANSFORM, max_records_per_shard=10)
     with pytest.raises(PendingPlanMismatchError) as info:
-        run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-2")
+        run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-2")
     assert [d.split(":")[0] for d in info.value.differences] == ["output location", "transform", "max records per shard"]
     assert info.value.arguments == ["max_records_per_shard", "output_path", "transform"]
     assert "put max_records_per_shard, output_path, transform back" in str(info.value)
@@ -109,7 +109,7 @@ def test_a_difference_no_argument_explains_points_at_the_table_s_writers(kinesis
     put_plain(kinesis, unique_name, [("k", b"a")])
     _plant(kinesis, store, unique_name, mode="window")
     with pytest.raises(PendingPlanMismatchError) as info:
-        run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
+        run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-1")
     assert info.value.differences == ["mode: the plan has 'window', this task has 'incremental'"]
     assert ("No argument of this task sets some of these: someone else wrote the checkpoint table. Check who can write "
             "it (docs/security.md), then drop the pending batch") in str(info.value)  # fmt: skip
@@ -126,7 +126,7 @@ def test_a_plan_of_an_earlier_version_is_not_compared_on_what_it_did_not_record(
     left_pending(kinesis, store, unique_name)
     monkeypatch.undo()
     assert store.pending_plan().task_settings is None
-    summary = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name, transform=TRANSFORM), "run-2")
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name, transform=TRANSFORM), "run-2")
     assert summary["reused_plan"] and summary["records"] == 1
 
 
@@ -135,12 +135,12 @@ def test_later_batches_compare_caps_but_not_the_initial_position(kinesis, store,
     initial position): only a first batch shows the initial position it was planned with."""
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"a")])
-    run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
+    run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-1")
     put_plain(kinesis, unique_name, [("k", b"b")])
     with pytest.raises(RuntimeError, match="injected"):
-        run_incremental(kinesis, store, ReaderJob(kinesis, fail_times=1), settings(unique_name), "run-2")
+        run_incremental(kinesis, store, ReaderJob(kinesis, store.client, fail_times=1), settings(unique_name), "run-2")
     latest = settings(unique_name, initial_position="LATEST")
-    summary = run_incremental(kinesis, store, ReaderJob(kinesis), latest, "run-3")
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), latest, "run-3")
     assert summary["reused_plan"] and summary["batch_id"] == 2 and summary["records"] == 1
 
 
@@ -155,16 +155,16 @@ def test_the_lease_error_names_the_holder_its_last_heartbeat_and_the_seconds_lef
         raise SystemExit("killed")
 
     with pytest.raises(SystemExit):
-        run_incremental(kinesis, store, ReaderJob(kinesis, during=crashed), settings(unique_name, lease_seconds=40), "dead-run")
+        run_incremental(kinesis, store, ReaderJob(kinesis, store.client, during=crashed), settings(unique_name, lease_seconds=40), "dead-run")
     heartbeat = store.head().pending_heartbeat
     with pytest.raises(BatchLeaseHeldError) as info:
-        run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name, lease_seconds=40), "retry")
+        run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name, lease_seconds=40), "retry")
     err, message = info.value, str(info.value)
     beat_at = format_timestamp(datetime.fromtimestamp(heartbeat / 1000, timezone.utc))
-    assert err.holder == "dead-run" and err.heartbeat_at == beat_at and 0 <= err.heartbeat_age_seconds < 40
+    assert re.fullmatch(r"dead-run/driver-[0-9a-f]{12}", err.holder) and err.heartbeat_at == beat_at and 0 <= err.heartbeat_age_seconds < 40
     assert 0 < err.seconds_left <= 40 and abs(err.seconds_left + err.heartbeat_age_seconds - 40) < 0.01
     assert parse_timestamp(err.takeover_at) == parse_timestamp(beat_at) + timedelta(seconds=40)
-    assert re.search(r"is being run by dead-run \(last heartbeat \d+\.\ds ago, lease 40s\): it may be taken over in "
+    assert re.search(r"is being run by dead-run/driver-[0-9a-f]{12} \(last heartbeat \d+\.\ds ago, lease 40s\): it may be taken over in "
                      rf"\d+s \(at {re.escape(err.takeover_at)}\) if that holder does not renew its lease; its last "
                      rf"heartbeat was at {re.escape(beat_at)}, and a live holder renews it every 10s\.", message), message
     assert "or one that died less than 40s ago; retry after that (a task's retry_delay longer than lease_seconds" in message

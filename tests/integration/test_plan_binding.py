@@ -96,8 +96,6 @@ def test_a_plan_swapped_after_the_operators_check_is_refused_by_the_job(setup, k
     class PlantingJob:
         """The operator's handed job, with a writer of the table acting just before the job starts."""
 
-        takes_batch_from_store = True
-
         def run_handed(self, arguments: JobArguments, *, output_location: str | None = None) -> None:
             plan = store.pending_plan()
             plant(store, swapped(plan, victim, unique_name))

@@ -36,7 +36,7 @@ def committed(kinesis, dynamodb, unique_name):
     put_plain(kinesis, unique_name, [(f"k{i}", f"r{i}".encode()) for i in range(20)])
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "lake")
     store.ensure_table()
-    assert run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "first")["records"] == 20
+    assert run_incremental(kinesis, store, ReaderJob(kinesis, dynamodb), settings(unique_name), "first")["records"] == 20
     put_plain(kinesis, unique_name, [(f"m{i}", f"s{i}".encode()) for i in range(10)])
     return store
 
@@ -49,7 +49,7 @@ def next_plan(kinesis, store, batch_id: int):
 
 
 def refused(kinesis, store, unique_name, match: str, **kwargs) -> None:
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, store.client)
     before = (store.head().committed_batch_id, store.committed_checkpoints())
     with pytest.raises(PendingPlanMismatchError, match=match) as info:
         run_incremental(kinesis, store, job, settings(unique_name, **kwargs), "next-run")

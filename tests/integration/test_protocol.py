@@ -1,16 +1,16 @@
 """The batch protocol without a JVM: moto over HTTP and a job that reads with the real reader.
 
-``ReaderJob`` is a fake *job* (the part that runs in Spark): it reads every planned range with
-``core.reader`` against moto and keeps the rows it "wrote" per output location, overwriting as a
-re-run of Spark's writer would. Everything else — the planner, the store on DynamoDB, the
-probes, the lease, the commit — is the real code. Spark's own part is tested in tests/spark and
+``ReaderJob`` is a fake *job* (the part that runs in Spark): handed its batch through the
+checkpoint store like every job, it reads every planned range with ``core.reader`` against moto
+and keeps the rows it "wrote" per output location, overwriting as a re-run of Spark's writer
+would. Everything else — the planner, the store on DynamoDB, the probes, the hand-over, the
+lease, the commit — is the real code. Spark's own part is tested in tests/spark and
 end to end in tests/integration/test_operator*.py.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -33,35 +33,38 @@ from airflow_kinesis_spark.exceptions import (
 )
 from demo.producer import put_aggregated, put_plain
 from tests.conftest import create_stream
-from tests.helpers import read_plan
+from tests.helpers import InProcessJob, read_plan
 
 pytestmark = pytest.mark.integration
 
 
-class ReaderJob:
-    """A job without Spark: reads each range with the real reader, "writes" rows per location."""
+class ReaderJob(InProcessJob):
+    """A job without Spark (``tests.helpers.InProcessJob``): reads each range with the real
+    reader and keeps the rows per location.
 
-    def __init__(self, kinesis, fail_times: int = 0, during=None) -> None:
+    :param fail_times: fail that many writes (a Spark job that failed).
+    :param during: called with the plan while the job writes (e.g. another run of the consumer).
+    """
+
+    def __init__(self, kinesis, dynamodb, fail_times: int = 0, during=None) -> None:
+        super().__init__(dynamodb)
         self.kinesis = kinesis
         self.fail_times = fail_times
-        self.during = during  # called while the job runs (e.g. another run of the consumer)
-        self.runs: list[BatchPlan] = []
-        self.output: dict[str, list[tuple]] = {}
-        self.killed = threading.Event()
+        self.during = during
 
-    def run(self, plan: BatchPlan, *, records_expected: bool) -> list[ShardReport]:
-        self.runs.append(plan)
+    def reports(self, plan: BatchPlan) -> tuple[list[tuple], list[ShardReport]]:
+        """The rows and reports of ``plan``'s ranges (a subclass may change them)."""
+        return read_plan(self.kinesis, plan)
+
+    def write_reports(self, plan: BatchPlan, location: str) -> list[ShardReport]:
         if self.during is not None:
             self.during(plan)
         if self.fail_times:
             self.fail_times -= 1
             raise RuntimeError("the Spark job failed (injected)")
-        rows, reports = read_plan(self.kinesis, plan)
-        self.output[plan.output_location] = rows  # overwrite, as Spark's writer in mode overwrite
+        rows, reports = self.reports(plan)
+        self.output[location] = rows  # overwrite, as Spark's writer in mode overwrite
         return reports
-
-    def kill(self) -> None:
-        self.killed.set()
 
     def all_rows(self, committed_through: int, root: str) -> list[tuple]:
         return [row for b in range(1, committed_through + 1) for row in self.output.get(f"{root}/batch_id={b}", [])]
@@ -80,6 +83,14 @@ def store(dynamodb, unique_name):
     return store
 
 
+@pytest.fixture
+def window_store(dynamodb, unique_name):
+    """The checkpoint store through which a window (consumer ``window``) is handed to its job."""
+    store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_windows", unique_name, "window")
+    store.ensure_table()
+    return store
+
+
 def produced_keys(produced) -> list[tuple]:
     return sorted(p.key for p in produced)
 
@@ -91,7 +102,7 @@ def row_keys(rows) -> list[tuple]:
 def test_batches_are_exactly_once_and_an_idle_run_starts_no_job(kinesis, store, unique_name):
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"k{i}", f"a{i}".encode()) for i in range(30)])
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, store.client)
     first = run_incremental(kinesis, store, job, settings(unique_name), "run-1")
     assert first["status"] == "committed" and first["batch_id"] == 1 and first["records"] == 30
     produced += put_aggregated(kinesis, unique_name, [(f"k{i}", f"b{i}".encode()) for i in range(40)], per_aggregate=10)
@@ -106,7 +117,7 @@ def test_batches_are_exactly_once_and_an_idle_run_starts_no_job(kinesis, store, 
 def test_a_failed_job_leaves_its_plan_pending_and_the_retry_reuses_it(kinesis, store, unique_name):
     create_stream(kinesis, unique_name, 2)
     produced = put_plain(kinesis, unique_name, [(f"k{i}", f"a{i}".encode()) for i in range(20)])
-    job = ReaderJob(kinesis, fail_times=1)
+    job = ReaderJob(kinesis, store.client, fail_times=1)
     with pytest.raises(RuntimeError, match="injected"):
         run_incremental(kinesis, store, job, settings(unique_name), "run-1")
     head = store.head()
@@ -121,7 +132,7 @@ def test_a_failed_job_leaves_its_plan_pending_and_the_retry_reuses_it(kinesis, s
 def test_a_recorded_report_is_committed_without_running_the_job_again(kinesis, store, unique_name, monkeypatch):
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"a"), ("k", b"b")])
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, store.client)
     real_commit = DynamoDBCheckpointStore.commit
 
     def crash(*args, **kwargs):
@@ -144,11 +155,11 @@ def test_a_second_run_cannot_take_a_batch_whose_lease_is_alive(kinesis, store, u
 
     def another_run(plan):
         try:
-            run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-2")
+            run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-2")
         except BatchLeaseHeldError as err:
             seen.append(err)
 
-    summary = run_incremental(kinesis, store, ReaderJob(kinesis, during=another_run), settings(unique_name), "run-1")
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis, store.client, during=another_run), settings(unique_name), "run-1")
     assert summary["status"] == "committed" and summary["batch_id"] == 1
     assert len(seen) == 1 and "run-1" in str(seen[0])
 
@@ -160,7 +171,7 @@ def test_a_writer_that_lost_its_batch_commits_nothing(kinesis, store, unique_nam
     def taken_over(plan):  # another writer takes the batch over while this one's job runs
         store.take_over(plan.batch_id, "run-2", lease_seconds=0)
 
-    job = ReaderJob(kinesis, during=taken_over)
+    job = ReaderJob(kinesis, store.client, during=taken_over)
     with pytest.raises(CheckpointConflictError):
         run_incremental(kinesis, store, job, settings(unique_name), "run-1")
     assert store.head().committed_batch_id == 0 and store.head().pending_owner == "run-2"
@@ -168,7 +179,7 @@ def test_a_writer_that_lost_its_batch_commits_nothing(kinesis, store, unique_nam
 
 def test_new_shards_are_recorded_without_a_job(kinesis, store, unique_name):
     create_stream(kinesis, unique_name, 3)
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, store.client)
     summary = run_incremental(kinesis, store, job, settings(unique_name), "run-1")
     assert summary["status"] == "committed_without_records" and summary["batch_id"] == 1 and not job.runs
     assert len(store.committed_checkpoints()) == 3
@@ -179,11 +190,12 @@ def test_a_report_that_does_not_match_the_plan_commits_nothing(kinesis, store, u
     put_plain(kinesis, unique_name, [(f"k{i}", b"x") for i in range(10)])
 
     class DropsAShard(ReaderJob):
-        def run(self, plan, *, records_expected):
-            return super().run(plan, records_expected=records_expected)[1:]
+        def reports(self, plan):
+            rows, reports = super().reports(plan)
+            return rows, reports[1:]
 
     with pytest.raises(ReportValidationError):
-        run_incremental(kinesis, store, DropsAShard(kinesis), settings(unique_name), "run-1")
+        run_incremental(kinesis, store, DropsAShard(kinesis, store.client), settings(unique_name), "run-1")
     assert store.head().committed_batch_id == 0 and store.head().pending_batch_id == 1
 
 
@@ -209,7 +221,7 @@ def test_a_pending_plan_behind_the_trim_horizon_is_loud(kinesis, store, unique_n
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"a"), ("k", b"b")])
     _stale_pending_batch(kinesis, store, unique_name)
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, store.client)
     with pytest.raises(DataLossError, match=r"Pending batch 2 .* behind the trim horizon.*oldest record kept 1.*allow_data_loss=True"):
         run_incremental(kinesis, store, job, settings(unique_name), "run-1")
     assert not job.runs and store.head().pending_batch_id == 2 and store.head().committed_batch_id == 1  # nothing read or moved
@@ -238,82 +250,59 @@ def test_many_shards_are_probed_without_overflowing_the_connection_pool(kinesis,
 
 
 @pytest.mark.parametrize("time_slices", [4, None], ids=["time_slices=4", "derived"])
-def test_an_empty_window_with_several_slices_has_no_records_and_no_job(kinesis, unique_name, time_slices):
+def test_an_empty_window_with_several_slices_has_no_records_and_no_job(kinesis, window_store, unique_name, time_slices):
     """Defect: the probe dropped the range's slice index, so every quiet hour of a backfill failed
     ("missing [(shard, 1), (shard, 2), (shard, 3)] ... repeated [(shard, 0)]")."""
     create_stream(kinesis, unique_name, 2)
     end = datetime.now(timezone.utc) - timedelta(minutes=1)
     put_plain(kinesis, unique_name, [("k", b"after the window")])
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, window_store.client)
     window = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=end - timedelta(hours=1),
                             end=end, time_slices=time_slices, parallelism=8, min_call_interval=0.0)  # fmt: skip
-    summary = run_window(kinesis, job, window)
+    summary = run_window(kinesis, job, window, store=window_store, owner="window-run")
     assert summary["status"] == "no_records" and summary["records"] == 0 and summary["output_path"] is None
     assert summary["time_slices"] == 4 and not job.runs and not job.output
 
 
-def test_a_window_reads_what_arrived_in_it_once_per_slice(kinesis, unique_name):
+def test_a_window_reads_what_arrived_in_it_once_per_slice(kinesis, window_store, unique_name):
     create_stream(kinesis, unique_name, 2)
     start = datetime.now(timezone.utc) - timedelta(seconds=1)
     produced = put_plain(kinesis, unique_name, [(f"k{i}", f"w{i}".encode()) for i in range(25)])
     end = datetime.now(timezone.utc) + timedelta(milliseconds=5)
     while datetime.now(timezone.utc) <= end:
         pass
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, window_store.client)
     window = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=start, end=end,
                             time_slices=3, min_call_interval=0.0)  # fmt: skip
-    summary = run_window(kinesis, job, window)
+    summary = run_window(kinesis, job, window, store=window_store, owner="window-run")
     assert summary["status"] == "written" and summary["records"] == 25
     assert {s["slices"] for s in summary["shards"].values()} == {3}
     (rows,) = job.output.values()
     assert row_keys(rows) == produced_keys(produced)
 
 
-def test_a_window_without_a_store_refuses_a_job_that_only_takes_its_batch_from_one(kinesis, unique_name):
-    # Before: AttributeError ('HandedOnly' object has no attribute 'run') once the probes had run;
-    # now refused before any call (the stream need not exist).
-    class HandedOnly:
-        """A :class:`~airflow_kinesis_spark.core.interfaces.HandedBatchJob` and nothing else."""
-
-        takes_batch_from_store = True
-        runs: list = []
-
-        def run_handed(self, arguments, *, output_location=None):
-            self.runs.append(arguments)
-
-        def kill(self):
-            pass
-
-    end = datetime.now(timezone.utc) - timedelta(seconds=1)
-    window = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w",
-                            start=end - timedelta(minutes=5), end=end, min_call_interval=0.0)  # fmt: skip
-    job = HandedOnly()
-    with pytest.raises(ValueError, match="HandedOnly takes its batch from a checkpoint store, and this window has none"):
-        run_window(kinesis, job, window)
-    assert job.runs == []
-
-
-def test_window_arguments_are_checked_before_any_call(kinesis, unique_name):
-    job = ReaderJob(kinesis)
+def test_window_arguments_are_checked_before_any_call(kinesis, window_store, unique_name):
+    job = ReaderJob(kinesis, window_store.client)
     now = datetime.now(timezone.utc)
     backwards = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=now - timedelta(minutes=1),
                                end=now - timedelta(minutes=2))  # fmt: skip
     with pytest.raises(ValueError, match="is not before its end"):
-        run_window(kinesis, job, backwards)  # the stream does not even exist: no call was made
+        run_window(kinesis, job, backwards, store=window_store, owner="window-run")  # the stream does not even exist: no call was made
     future = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=now, end=now + timedelta(hours=1))
     with pytest.raises(ValueError, match="is in the future"):
-        run_window(kinesis, job, future)
+        run_window(kinesis, job, future, store=window_store, owner="window-run")
 
 
-def test_a_window_before_the_trim_horizon_is_loud(kinesis, unique_name):
+def test_a_window_before_the_trim_horizon_is_loud(kinesis, window_store, unique_name):
     create_stream(kinesis, unique_name, 1)  # retention 24 hours
     end = datetime.now(timezone.utc) - timedelta(hours=23)
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, window_store.client)
     window = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=end - timedelta(hours=2),
                             end=end, time_slices=1, min_call_interval=0.0)  # fmt: skip
     with pytest.raises(DataLossError, match="before the trim horizon.*allow_data_loss=True"):
-        run_window(kinesis, job, window)
-    allowed = run_window(kinesis, job, WindowSettings(**{**window.__dict__, "allow_data_loss": True}))
+        run_window(kinesis, job, window, store=window_store, owner="window-run")
+    allowed = run_window(kinesis, job, WindowSettings(**{**window.__dict__, "allow_data_loss": True}), store=window_store,
+                         owner="window-run")  # fmt: skip
     assert allowed["status"] == "no_records" and "trim horizon" in allowed["trim_gap"] and not job.runs
 
 
@@ -348,7 +337,7 @@ def test_a_planted_pending_plan_fails_the_run_with_nothing_read_or_written(kines
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"a")])
     _plant(kinesis, store, unique_name, **change)
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, store.client)
     before = store.head()
     with pytest.raises(PendingPlanMismatchError, match=message):
         run_incremental(kinesis, store, job, settings(unique_name), "run-1")
@@ -368,7 +357,7 @@ def test_a_planted_start_position_fails_the_run(kinesis, store, unique_name):
                               cutoff=now, now=now, output_location="mem://out/batch_id=1")  # fmt: skip
     skipping = replace(honest.ranges[0], start=StartPosition("AFTER_SEQUENCE_NUMBER", sequence_number="1"))
     _plant(kinesis, store, unique_name, ranges=(skipping,))
-    job = ReaderJob(kinesis)
+    job = ReaderJob(kinesis, store.client)
     with pytest.raises(PendingPlanMismatchError, match=r"shard shardId-000000000000: the range starts at AFTER_SEQUENCE_NUMBER 1"):
         run_incremental(kinesis, store, job, settings(unique_name), "run-1")
     assert not job.runs
@@ -378,17 +367,17 @@ def test_an_honest_pending_plan_is_reused(kinesis, store, unique_name):
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"a")])
     _plant(kinesis, store, unique_name)
-    summary = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-1")
     assert summary["reused_plan"] and summary["status"] == "committed" and summary["records"] == 1
 
 
 def test_a_run_reads_the_head_item_once(kinesis, dynamodb, store, unique_name):
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"a")])
-    run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
+    run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-1")
     reads: list[str] = []
     dynamodb.meta.events.register("before-parameter-build.dynamodb.GetItem", lambda params, **_: reads.append(params["Key"]["sk"]["S"]))
-    idle = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-2")
+    idle = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-2")
     assert idle["status"] == "no_new_records" and reads == ["HEAD"]
 
 
@@ -400,12 +389,12 @@ def test_an_idle_run_after_a_commit_without_records_reads_only_the_checkpoints(k
 
     create_stream(kinesis, unique_name, 4)
     out = str(tmp_path / "out")
-    first = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name, sink=ParquetSink(out), output_root=out), "run-1")
+    first = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name, sink=ParquetSink(out), output_root=out), "run-1")
     assert first["status"] == "committed_without_records"
     queried: list[str] = []
     dynamodb.meta.events.register("before-parameter-build.dynamodb.Query",
                                   lambda params, **_: queried.append(params["ExpressionAttributeValues"][":prefix"]["S"]))  # fmt: skip
-    idle = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name, sink=ParquetSink(out), output_root=out), "run-2")
+    idle = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name, sink=ParquetSink(out), output_root=out), "run-2")
     assert idle["status"] == "no_new_records"
     assert [q.split("#")[2] for q in queried] == ["CKPT"], queried
 
@@ -428,13 +417,13 @@ def test_a_run_without_new_records_derives_no_output_spec_and_registers_no_strea
     def s():  # the task's settings, its cutoff now
         return settings(unique_name, sink=CountingSink(str(tmp_path / "out")), output_root=str(tmp_path / "out"), consumer_type="efo")
 
-    first = run_incremental(kinesis, store, ReaderJob(kinesis), s(), "run-1")  # the new shard's start is recorded
+    first = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), s(), "run-1")  # the new shard's start is recorded
     assert first["status"] == "committed_without_records" and CountingSink.derived == 1
     assert store.committed_plan(store.head()).consumer_arn  # a persisted plan names its stream consumer
     # by its ARN: moto 5.2.5 ignores a deregistration by stream ARN and consumer name
     kinesis.deregister_stream_consumer(ConsumerARN=store.committed_plan(store.head()).consumer_arn)
     assert kinesis.list_stream_consumers(StreamARN=arn)["Consumers"] == []
-    idle = run_incremental(kinesis, store, ReaderJob(kinesis), s(), "run-2")
+    idle = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), s(), "run-2")
     assert idle["status"] == "no_new_records" and CountingSink.derived == 1
     assert kinesis.list_stream_consumers(StreamARN=arn)["Consumers"] == []  # not registered again by an idle run
     put_plain(kinesis, unique_name, [("k", b"one")])

@@ -56,7 +56,7 @@ def test_an_idle_run_after_a_batch_probes_each_shard_with_one_get_records(kinesa
     create_stream(kinesalite, unique_name, 4)
     produced = put_plain(kinesalite, unique_name, [(f"k{i}", f"a{i}".encode()) for i in range(40)])
     produced += put_aggregated(kinesalite, unique_name, [(f"k{i}", f"b{i}".encode()) for i in range(40)], per_aggregate=10)
-    job, calls = ReaderJob(kinesalite), KinesisCalls(kinesalite)
+    job, calls = ReaderJob(kinesalite, store.client), KinesisCalls(kinesalite)
     first = run_incremental(kinesalite, store, job, settings(unique_name), "run-1")
     assert first["status"] == "committed" and first["records"] == 80
     checkpoints = store.committed_checkpoints()
@@ -83,7 +83,7 @@ def test_an_idle_run_after_a_batch_probes_each_shard_with_one_get_records(kinesa
 def test_a_refused_stored_iterator_falls_back_to_get_shard_iterator(kinesalite, store, unique_name):
     create_stream(kinesalite, unique_name, 2)
     put_plain(kinesalite, unique_name, [(f"k{i}", f"a{i}".encode()) for i in range(10)])
-    run_incremental(kinesalite, store, ReaderJob(kinesalite), settings(unique_name), "run-1")
+    run_incremental(kinesalite, store, ReaderJob(kinesalite, store.client), settings(unique_name), "run-1")
     put_plain(kinesalite, unique_name, [("late", b"late")])
     # ranges starting where batch 1 ended, each with an iterator the service did not issue
     forged = {k: c.with_resume_iterator("AAAAAAAAAAHnot-an-iterator", time.time()) for k, c in store.committed_checkpoints().items()}
@@ -107,7 +107,7 @@ def test_a_shard_end_seen_on_a_stored_iterator_is_probed_again_before_it_is_comm
     end the open shard: its end is probed again from GetShardIterator, and the open shard reads on."""
     create_stream(kinesalite, unique_name, 2)
     put_plain(kinesalite, unique_name, [(f"k{i}", f"a{i}".encode()) for i in range(10)])
-    job = ReaderJob(kinesalite)
+    job = ReaderJob(kinesalite, store.client)
     run_incremental(kinesalite, store, job, settings(unique_name), "run-1")
     shards = sorted(store.committed_checkpoints())
     open_shard, closing = shards[0], shards[1]

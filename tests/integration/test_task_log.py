@@ -19,6 +19,7 @@ from aws_kinesis_agg.aggregator import RecordAggregator
 from botocore.config import Config
 
 from airflow_kinesis_spark.core.protocol import commit_handed, run_incremental
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.core.window_run import WindowSettings, run_window
 from airflow_kinesis_spark.core.shards import list_shards
 from demo.producer import put_plain, put_raw
@@ -46,7 +47,7 @@ def test_a_batch_logs_one_line_per_shard_range_and_one_summary_line(moto_endpoin
     caplog.set_level(logging.DEBUG, logger="airflow_kinesis_spark")
     create_stream(kinesis, unique_name, 2)
     put_plain(kinesis, unique_name, [(f"k{i}", f"a{i}".encode()) for i in range(30)])
-    summary = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-1")
     assert summary["records"] == 30
 
     info = lines(caplog, PROTOCOL)
@@ -89,7 +90,7 @@ def test_a_batch_logs_one_line_per_shard_range_and_one_summary_line(moto_endpoin
 
     # An idle run: no range lines, no batch line.
     caplog.clear()
-    idle = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-2")
+    idle = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-2")
     assert idle["status"] == "no_new_records"
     assert not [line for line in lines(caplog, PROTOCOL) if ", shard " in line or " committed:" in line]
     assert lines(caplog, READER)[0].endswith("records to read in 0, nothing to read in 2 (caught_up: "
@@ -126,7 +127,7 @@ def test_quarantined_and_out_of_range_records_are_warnings_with_counts(kinesis, 
     while datetime.now(timezone.utc) <= end:
         pass
 
-    summary = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name), "run-1")
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name), "run-1")
     assert summary["quarantined"] == 2 and summary["out_of_range"] == 1
     assert lines(caplog, PROTOCOL, logging.WARNING) == [
         f"Batch 1: 2 corrupt Kinesis records quarantined ({shard_id}: 2), kept raw under mem://out/batch_id=1/_quarantine "
@@ -139,7 +140,8 @@ def test_quarantined_and_out_of_range_records_are_warnings_with_counts(kinesis, 
     caplog.clear()
     window = WindowSettings(stream_name=unique_name, consumer_name="window", output_root="mem://w", start=start, end=end,
                             time_slices=2, min_call_interval=0.0)  # fmt: skip
-    result = run_window(kinesis, ReaderJob(kinesis), window)
+    window_store = DynamoDBCheckpointStore(store.client, store.table_name, unique_name, "window")
+    result = run_window(kinesis, ReaderJob(kinesis, store.client), window, store=window_store, owner="window-run")
     assert result["quarantined"] == 2 and result["out_of_range"] == 1
     label = f"Window [{result['window_start']}, {result['window_end']})"
     warnings = lines(caplog, PROTOCOL, logging.WARNING)
@@ -160,6 +162,6 @@ def test_a_parquet_batch_logs_no_table_commit(kinesis, store, unique_name, caplo
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"one")])
     root = str(tmp_path / "out")
-    summary = run_incremental(kinesis, store, ReaderJob(kinesis), settings(unique_name, sink=ParquetSink(root), output_root=root), "run-1")
+    summary = run_incremental(kinesis, store, ReaderJob(kinesis, store.client), settings(unique_name, sink=ParquetSink(root), output_root=root), "run-1")
     assert summary["status"] == "committed" and summary["records"] == 1
     assert not [line for line in lines(caplog, PROTOCOL) if "table commit" in line]

@@ -200,37 +200,6 @@ def test_one_pass_falls_back_to_the_cached_read_where_observed_metrics_cannot_be
         job.run(spark, _plan(kinesis, unique_name, tmp_path / "early", early), None, _aws_env(moto_endpoint), ONE_PASS)
 
 
-@pytest.mark.slow
-def test_the_job_runs_under_spark_submit(kinesis, moto_endpoint, unique_name, tmp_path):
-    """The job as the spark-submit runner starts it (its own driver JVM, the installed pyspark's
-    spark-submit): one pass, credentials from the environment, the report file."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    create_stream(kinesis, unique_name, 2)
-    produced = put_plain(kinesis, unique_name, [(f"k{i}", f"plain {i}".encode()) for i in range(80)])
-    plan = _plan(kinesis, unique_name, tmp_path)
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    spark_submit = Path(sys.executable).parent / "spark-submit"  # installed with pyspark
-    env = {**os.environ, **_aws_env(moto_endpoint), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.run(
-        [str(spark_submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false", str(ROOT / "spark_scripts" / "kinesis_batch.py"),
-         "--plan-file", str(tmp_path / "plan.json"), "--report-file", str(tmp_path / "report.json"),
-         "--records-expected", "--min-call-interval", "0"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads((tmp_path / "report.json").read_text())
-    assert result["records"] == 80 and len(result["reports"]) == 2
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(result["output_location"])
-    rows = list(zip(*(table.column(c).to_pylist() for c in ("shard_id", "sequence_number", "sub_sequence_number", "partition_key", "data"))))
-    assert verify(produced, rows).ok
-
-
 def test_the_job_takes_its_batch_from_the_store_under_spark_submit(kinesis, dynamodb, moto_endpoint, unique_name, tmp_path):
     """The job as a cluster's job task starts it: only its arguments and the checkpoint store
     (core.job). It claims the batch, publishes its output from staging through Hadoop's file
@@ -286,6 +255,8 @@ def test_platform_arguments_are_ignored_and_flags_take_values():
     assert job.parse_args(base).records_expected is False
     with pytest.raises(SystemExit):
         job.parse_args([*base, "--records-expected", "maybe"])
+    with pytest.raises(SystemExit):  # a plan in a file is no way to run a batch: only the store hands one over
+        job.parse_args(["--plan-file", "plan.json", "--report-file", "report.json"])
 
 
 # A task hands Spark its rows in joined Arrow record batches (``joined_batches``): consecutive small

@@ -8,6 +8,8 @@ import uuid
 
 import pytest
 
+from airflow_kinesis_spark.core.job import JobArguments
+
 from airflow_kinesis_spark.hooks.kinesis import job_session_policy
 from airflow_kinesis_spark.hooks.spark import SparkSubmitJob
 from airflow_kinesis_spark.hooks.spark_connect import (
@@ -147,5 +149,6 @@ def test_the_connect_runner_checks_the_transform_against_the_allow_list(monkeypa
     settings = SparkJobSettings(spark_conn_id="spark_connect_default", kinesis_hook=None,
                                 transform="my_co.kinesis.clean:parse", transform_allowed_modules=("my_co.kinesis",))  # fmt: skip
     with pytest.raises(LookupError, match="stopped before any connection"):
-        SparkConnectJob(settings).run(None, records_expected=True)  # type: ignore[arg-type]
+        SparkConnectJob(settings).run_handed(JobArguments(checkpoint_table="t_ckpt", stream_name="s", consumer_name="c",
+                                                          batch_id=1, lease_owner="run-1", lease_seconds=60))  # fmt: skip
     assert calls == [("my_co.kinesis.clean:parse", ("my_co.kinesis",))]
