@@ -12,9 +12,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-__all__ = ["DEFAULT_POOL_CONNECTIONS", "CallGate", "CallsStopped", "GatedClient", "pool_threads", "share_data_loader"]
+__all__ = ["DEFAULT_POOL_CONNECTIONS", "CallGate", "CallsStopped", "GatedClient", "gated", "pool_threads", "share_data_loader"]
+
+if TYPE_CHECKING:  # the boto3 stubs (mypy-boto3-kinesis): annotations only
+    from mypy_boto3_kinesis import KinesisClient
 
 #: Threads when the client does not say how many connections it pools (botocore's default).
 DEFAULT_POOL_CONNECTIONS = 10
@@ -82,6 +85,13 @@ class CallGate:
     def _wake(self) -> None:
         """Hand a free connection to one waiting caller, a started one first (the lock is held)."""
         (self._started_turn if self._continuing else self._first_turn).notify()
+
+
+def gated(client: KinesisClient, gate: CallGate) -> KinesisClient:
+    """``client`` as one caller sees it through ``gate`` (:class:`GatedClient`), typed as the
+    client it wraps: a :class:`GatedClient` answers every attribute of that client, its API calls
+    through the gate."""
+    return cast("KinesisClient", GatedClient(client, gate))
 
 
 class GatedClient:

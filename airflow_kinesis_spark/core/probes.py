@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_kinesis_spark.core.pool import CallGate, CallsStopped, GatedClient, pool_threads
+from airflow_kinesis_spark.core.pool import CallGate, CallsStopped, gated, pool_threads
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport
 from airflow_kinesis_spark.core.reader import ShardReader
 
@@ -35,8 +35,9 @@ __all__ = ["RESUME_ITERATOR_SECONDS", "probe_reader", "probe_range", "probe_rang
 
 
 def probe_reader(
-    client: Any, stream_name: str, shard_range: ShardRange, *, resume_iterator: str | None = None, **reader_kwargs: Any
-) -> ShardReader:
+    client: KinesisClient | None, stream_name: str, shard_range: ShardRange, *, resume_iterator: str | None = None,
+    **reader_kwargs: Any,
+) -> ShardReader:  # fmt: skip
     """A reader of the range's first user record (record cap 1; ``Limit`` 1, or 2 when the range
     starts by re-reading an aggregate whose first user records are committed: that aggregate
     usually holds none left, and the second Kinesis record then comes with the same call
@@ -45,7 +46,9 @@ def probe_reader(
     The stop rules are those of a full read, so a report with ``records == 0`` is the full
     report of an empty range (cutoff, caught up or shard end), and the batch needs no Spark job;
     otherwise the report's ``first`` and ``first_arrival`` tell the oldest unconsumed record.
-    An aggregated first record is read whole. ``resume_iterator``: see :class:`ShardReader`.
+    An aggregated first record is read whole. ``resume_iterator``, and a ``client`` of ``None``
+    (the async probes, ``core.aio``, make the calls and hand the reader the responses): see
+    :class:`ShardReader`.
     """
     # Every field of the range is kept (slice index, hash key range, ...): only the record cap changes.
     capped = replace(shard_range, max_records=1)
@@ -55,9 +58,9 @@ def probe_reader(
     return reader
 
 
-def probe_range(client: Any, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
+def probe_range(client: KinesisClient, stream_name: str, shard_range: ShardRange, **reader_kwargs: Any) -> ShardReport:
     """Read at most one Kinesis record of a range (see :func:`probe_reader`) with a boto3 client, or
-    one caller's view of a shared one (``core.pool.GatedClient``), as :class:`ShardReader` takes."""
+    one caller's view of a shared one (``core.pool.gated``), as :class:`ShardReader` takes."""
     return probe_reader(client, stream_name, shard_range, **reader_kwargs).read_all()[1]
 
 
@@ -114,7 +117,7 @@ def probe_ranges(
             # probe_range is looked up on this module at each call, so a wrapper set there takes
             # effect (a test counts the probes in flight that way).
             resume = rng.start_checkpoint.resume_iterator_for(now, RESUME_ITERATOR_SECONDS) if reuse_iterators else None
-            report = probe_range(GatedClient(client, gate), stream_name, rng, resume_iterator=resume, **reader_kwargs)
+            report = probe_range(gated(client, gate), stream_name, rng, resume_iterator=resume, **reader_kwargs)
         except CallsStopped:
             return None
         if until_record and report.records:

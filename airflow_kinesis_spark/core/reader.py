@@ -29,7 +29,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_kinesis_spark.core.fanout import subscribed_pages
 from airflow_kinesis_spark.core.kpl import _user_records
@@ -48,6 +48,9 @@ from airflow_kinesis_spark.core.read_options import (
 )
 from airflow_kinesis_spark.core.ranges import ShardRange, ShardReport, StartPosition
 from airflow_kinesis_spark.exceptions import CorruptAggregateError
+
+if TYPE_CHECKING:  # the boto3 stubs (mypy-boto3-kinesis): annotations only
+    from mypy_boto3_kinesis import KinesisClient
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,9 @@ class ShardReader:
     Iterate :meth:`pages` for :class:`~airflow_kinesis_spark.core.pages.Page` objects (one per GetRecords response; iterating a page gives :class:`~airflow_kinesis_spark.core.pages.UserRecord` tuples);
     :attr:`report` is set when the iteration ends.
 
-    :param client: a boto3 Kinesis client.
+    :param client: a boto3 Kinesis client (or the probe pool's view of one,
+        :func:`~airflow_kinesis_spark.core.pool.gated`); ``None``: a reader that only takes the
+        responses it is given (:meth:`accept`; ``core.lag.count_reader``) and calls nothing.
     :param stream_name: the stream's name.
     :param shard_range: what to read.
     :param limit: ``Limit`` of each GetRecords call, 1..10,000.
@@ -123,7 +128,7 @@ class ShardReader:
 
     def __init__(
         self,
-        client: Any,
+        client: KinesisClient | None,
         stream_name: str,
         shard_range: ShardRange,
         *,
@@ -143,7 +148,7 @@ class ShardReader:
     ) -> None:
         if not 1 <= limit <= GET_RECORDS_MAX_LIMIT:
             raise ValueError(f"limit must be 1..{GET_RECORDS_MAX_LIMIT} (GetRecords Limit), got {limit}")
-        self.client = client
+        self._client = client
         self.stream_name = stream_name
         self.range = shard_range
         self.consumer_arn = consumer_arn
@@ -355,6 +360,17 @@ class ShardReader:
         return {"next_iterator": self.next_iterator, "next_iterator_at": self.next_iterator_at}
 
     # -- the synchronous driver ----------------------------------------------------------------
+
+    @property
+    def client(self) -> KinesisClient:
+        """The Kinesis client the reader calls.
+
+        :raises RuntimeError: the reader was made without one (it only takes the responses it is given).
+        """
+        if self._client is None:
+            raise RuntimeError(f"the reader of shard {self.range.shard_id} was made without a Kinesis client: it only "
+                               "takes the responses it is given (accept)")  # fmt: skip
+        return self._client
 
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         """Call Kinesis, retrying throttling errors (:meth:`throttle_delay`); :attr:`_sent_at`

@@ -87,7 +87,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         import boto3
         from botocore.config import Config
 
-        from airflow_kinesis_spark.core.pool import CallGate, GatedClient, share_data_loader
+        from airflow_kinesis_spark.core.pool import CallGate, gated, share_data_loader
         from airflow_kinesis_spark.core.ranges import ShardRange
         from airflow_kinesis_spark.core.read_options import own_throttling
         from airflow_kinesis_spark.core.reader import ShardReader
@@ -121,7 +121,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
         schema, _ = job_schema(decoder)
         readers = [
             ShardReader(
-                GatedClient(client, gate) if gate else client, stream_name, rng, limit=options["limit"],
+                gated(client, gate) if gate else client, stream_name, rng, limit=options["limit"],
                 min_call_interval=options["min_call_interval"],
                 read_bytes_per_second=options.get("read_bytes_per_second"), consumer_arn=consumer_arn,
             )

@@ -11,15 +11,19 @@ commit of a split task group, and by
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from airflow_kinesis_spark.core.records import RecordSettings
 from airflow_kinesis_spark.operators.settings import OutputSettings, task_copy
 from airflow_kinesis_spark.sinks import OUTPUT_FORMATS, Sink, build_sink
+
+if TYPE_CHECKING:  # the boto3 stubs (mypy-boto3-glue): annotations only
+    from mypy_boto3_glue import GlueClient
 
 __all__ = ["OutputSettingsMixin", "check_local_output"]
 
@@ -84,7 +88,7 @@ class OutputSettingsMixin:
         self._build_sink(self.output_path or "unset", props, None, placeholder="unset")
 
     def _build_sink(self, path: str, catalog_properties: dict[str, str] | None, storage_options: dict[str, str] | None,
-                    placeholder: str | None = None, glue_client: Any = None) -> Sink:  # fmt: skip
+                    placeholder: str | None = None, glue_client: Callable[[], GlueClient] | None = None) -> Sink:  # fmt: skip
         o = self.output_settings
         return build_sink(
             o.format, path, table=o.table, catalog_properties=catalog_properties, partition_by=o.partition_by,
@@ -95,7 +99,7 @@ class OutputSettingsMixin:
             schema_evolution=o.schema_evolution, record_settings=self.record_settings, glue_client=glue_client,
         )  # fmt: skip
 
-    def _glue_client(self) -> Any:
+    def _glue_client(self) -> GlueClient:
         """A Glue client of ``aws_conn_id`` (AWS Glue Schema Registry)."""
         from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 

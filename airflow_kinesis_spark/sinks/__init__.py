@@ -30,14 +30,16 @@ No Airflow import: the protocol (``core``) and the commit task use this package.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mypy_boto3_glue import GlueClient
     from airflow_kinesis_spark.core.head import Head
     from airflow_kinesis_spark.core.planner import BatchPlan
     from airflow_kinesis_spark.core.ranges import ShardReport
+    from airflow_kinesis_spark.core.records import RecordSettings
     from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 __all__ = [
@@ -238,10 +240,10 @@ class Sink:
     schema_evolution = "none"
     storage_options: Mapping[str, str] | None = None
     #: How the job decodes records (``core.records.RecordSettings``; ``None``: raw).
-    record_settings: Any = None
+    record_settings: RecordSettings | None = None
     #: A function returning a boto3 Glue client, for a schema in AWS Glue Schema Registry
     #: (the operators' connection); called at planning only.
-    glue_client: Any = None
+    glue_client: Callable[[], GlueClient] | None = None
 
     def owner(self, stream_name: str, consumer_name: str) -> Any:
         """The owner record this sink's task writes in ``output_path``."""
@@ -509,8 +511,8 @@ def build_sink(
     stream_name: str | None = None,
     consumer_name: str | None = None,
     schema_evolution: str | None = None,
-    record_settings: Any = None,
-    glue_client: Any = None,
+    record_settings: RecordSettings | None = None,
+    glue_client: Callable[[], GlueClient] | None = None,
 ) -> Sink:
     """The sink of an operator's output settings.
 
