@@ -106,13 +106,13 @@ def page_value(i: int) -> dict:
 
 
 def fastavro_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    import airflow_kinesis_spark.core.records as records
+    import airflow_kinesis_spark.core.record_decoders as decoders
 
-    monkeypatch.setattr(records, "_avro_page_reader", lambda schema, struct: None)
+    monkeypatch.setattr(decoders, "_avro_page_reader", lambda schema, struct: None)
 
 
 def test_avro_pages_through_polars_equal_fastavro_record_by_record(monkeypatch):
-    from airflow_kinesis_spark.core.records import _avro_page_reader
+    from airflow_kinesis_spark.core.record_decoders import _avro_page_reader
 
     spec = RecordSettings("avro", schema=json.dumps(AVRO_PAGE)).to_dict()
     decoder = RecordDecoder(spec)
@@ -133,7 +133,7 @@ def test_a_named_type_used_twice_beside_a_type_named_like_its_copy_decodes_throu
     """polars resolves no named-type reference, so a second use of ``Line`` is copied under a
     name of its own; with a type of the schema already called ``Line_2``, picking that name
     looped forever (the suffix was the count of names seen, which did not change)."""
-    from airflow_kinesis_spark.core.records import _avro_page_reader
+    from airflow_kinesis_spark.core.record_decoders import _avro_page_reader
 
     schema = {"type": "record", "name": "R", "fields": [
         {"name": "x", "type": {"type": "record", "name": "Line", "fields": [{"name": "a", "type": "int"}]}},
