@@ -145,7 +145,7 @@ def _join(items: Sequence[Mapping[str, Any]], prefix: str | None = None) -> _Joi
             number = sk[len(prefix) :] if prefix is not None and sk.startswith(prefix) else sk.rpartition("#")[2]
             if not _CHUNK_NUMBER.fullmatch(number):
                 raise _Malformed("sk", "does not end in a chunk number of 5 digits")
-            chunks = _whole_number(_attribute(item, "chunks", "N", required=True), "chunks", 1)  # type: ignore[arg-type]
+            chunks = _whole_number(_attribute(item, "chunks", "N", required=True), "chunks", 1)
             body = _attribute(item, "body", "S", required=True)
             if count is None or first is None:
                 count, first = chunks, (pk, sk)
@@ -158,7 +158,7 @@ def _join(items: Sequence[Mapping[str, Any]], prefix: str | None = None) -> _Joi
         except _Malformed as bad:
             bad.pk, bad.sk = pk, sk
             raise
-        bodies[int(number)] = (pk, sk, body)  # type: ignore[assignment]
+        bodies[int(number)] = (pk, sk, body)
     assert count is not None and first is not None
     if len(bodies) < count:  # every number is below count and there once: one of 0..len(bodies) is missing
         missing = next(n for n in range(len(bodies) + 1) if n not in bodies)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Literal, overload
 
 __all__ = ["PARSE_ERRORS", "FIX_RESTORE", "FIX_PENDING"]
 
@@ -78,6 +78,14 @@ def _key_text(item: Mapping[str, Any], name: str) -> str:
     if isinstance(value, Mapping) and isinstance(value.get("S"), str):
         return str(value["S"])
     return _show(value)
+
+
+@overload
+def _attribute(item: Mapping[str, Any], name: str, kind: str, *, required: Literal[True]) -> str: ...
+
+
+@overload
+def _attribute(item: Mapping[str, Any], name: str, kind: str, *, required: bool = False) -> str | None: ...
 
 
 def _attribute(item: Mapping[str, Any], name: str, kind: str, *, required: bool = False) -> str | None:

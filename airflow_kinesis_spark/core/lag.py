@@ -265,7 +265,7 @@ def find_trim_gaps(
     doubtful = [
         r for r in ranges
         if r.start_checkpoint.sentinel is not Sentinel.TRIM_HORIZON
-        and ((known_until(r.start_checkpoint) is None) or known_until(r.start_checkpoint) < now - MIN_RETENTION)  # type: ignore[operator]
+        and ((known := known_until(r.start_checkpoint)) is None or known < now - MIN_RETENTION)
     ]  # fmt: skip
     if not doubtful:
         return {}

@@ -72,12 +72,17 @@ def mirror_leases(
         if checkpoint is None:  # not among the batch's checkpoints (e.g. retired): nothing to mirror
             continue
         position = checkpoint.position
+        if position is not None:
+            kcl_checkpoint, kcl_sub = position.sequence_number, position.sub_sequence_number or 0
+        else:
+            assert checkpoint.sentinel is not None, "a checkpoint without a position has a sentinel"
+            kcl_checkpoint, kcl_sub = checkpoint.sentinel.value, 0
         item = {
             **item_key(pk, f"LEASE#{shard_id}"),
             "leaseKey": {"S": shard_id},
             "leaseOwner": {"S": consumer_name},
-            "checkpoint": {"S": position.sequence_number if position else checkpoint.sentinel.value},  # type: ignore[union-attr]
-            "checkpointSubSequenceNumber": {"N": str((position.sub_sequence_number or 0) if position else 0)},
+            "checkpoint": {"S": kcl_checkpoint},
+            "checkpointSubSequenceNumber": {"N": str(kcl_sub)},
             "batchId": {"N": str(plan.batch_id)},
         }
         if checkpoint.timestamp is not None:

@@ -203,12 +203,17 @@ class Checkpoint:
     def is_shard_end(self) -> bool:
         return self.sentinel is Sentinel.SHARD_END
 
+    def _sentinel(self) -> Sentinel:
+        """The sentinel of a checkpoint without a position (a checkpoint has one or the other)."""
+        assert self.sentinel is not None, "a checkpoint without a position has a sentinel"
+        return self.sentinel
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form, as stored in the batch log."""
         if self.position is not None:
             out: dict[str, Any] = {"type": "SEQUENCE", **self.position.to_dict()}
         else:
-            out = {"type": self.sentinel.value}  # type: ignore[union-attr]
+            out = {"type": self._sentinel().value}
         if self.timestamp is not None:
             out["timestamp"] = format_timestamp(self.timestamp)
         if self.clear_until is not None:
@@ -239,4 +244,4 @@ class Checkpoint:
             return str(self.position)
         if self.timestamp is not None:
             return f"AT_TIMESTAMP {format_timestamp(self.timestamp)}"
-        return self.sentinel.value  # type: ignore[union-attr]
+        return self._sentinel().value

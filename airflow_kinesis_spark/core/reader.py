@@ -430,7 +430,9 @@ class ShardReader:
                 if wait > 0:
                     self._sleep(wait)
             try:
-                response = self._call("get_records", **self.records_request(self.next_iterator))  # type: ignore[arg-type]
+                iterator = self.next_iterator
+                assert iterator is not None, "a range that is not done has a next shard iterator (start, accept)"
+                response = self._call("get_records", **self.records_request(iterator))
             except self.client.exceptions.ExpiredIteratorException as err:
                 if resumed is not None:
                     resumed = None

@@ -138,7 +138,7 @@ def make_reader_function(stream_name: str, aws_env: dict[str, str], options: dic
 
         # Decoded records leave their bytes behind (the output drops ``data``): only the rows kept
         # raw (a corrupt Kinesis record, a dead letter) hand them to the JVM.
-        drop_data = decoder is not None and not records.get("keep_raw_data")  # type: ignore[union-attr]
+        drop_data = decoder is not None and records is not None and not records.get("keep_raw_data")
         dead_letters: dict[int, int] = {}
         for reader, page in read_concurrently(readers):
             if page is None:

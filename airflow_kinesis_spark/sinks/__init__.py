@@ -310,9 +310,10 @@ class Sink:
         from airflow_kinesis_spark.core.schema import arrow_schema
 
         batch = arrow_schema()
-        decoded = decoded_schema(spec.records) if spec.records else None
-        if decoded is not None:
-            if not spec.records.get("keep_raw_data"):  # type: ignore[union-attr]
+        records = spec.records
+        decoded = decoded_schema(records) if records else None
+        if records and decoded is not None:
+            if not records.get("keep_raw_data"):
                 batch = batch.remove(batch.get_field_index("data"))
             for f in decoded:
                 batch = batch.append(pa.field(f.name, spark_compatible(f.type)))
@@ -560,8 +561,10 @@ def build_sink(
     sink.schema_evolution = schema_evolution
     sink.record_settings = record_settings if typed else None
     sink.glue_client = glue_client
-    if output_format == "parquet":
-        sink.output_root = sink.batch_root  # type: ignore[attr-defined]  # committed records live with the batches
+    from airflow_kinesis_spark.sinks.parquet import ParquetSink
+
+    if isinstance(sink, ParquetSink):
+        sink.output_root = sink.batch_root  # committed records live with the batches
     return sink
 
 

@@ -372,7 +372,9 @@ def _batch_folders(scan: _Scan, folders: Sequence[Any]) -> None:
     latest = scan.committed.latest
     by_batch: dict[int, list[tuple[Any, list[Any]]]] = {}
     for info in folders:
-        batch = int(_BATCH.match(info.base_name)["batch"])  # type: ignore[index]
+        match = _BATCH.match(info.base_name)
+        assert match is not None, "only batch folders are passed (the scan's listing)"
+        batch = int(match["batch"])
         if latest is None or batch > latest:
             continue  # the pending batch (or a later one): a live run may be writing it
         by_batch.setdefault(batch, []).append((info, scan.listing(info.path)))
