@@ -301,7 +301,7 @@ class SparkJob:
     def check_detachable(self) -> None:
         """:meth:`SparkSubmitJob.check_detachable`.
 
-        :raises ValueError: the connection is a Spark Connect one (its job runs in this process),
+        :raises ValueError: the connection is a Spark Connect one (its driver is this process),
             or its driver would run in this worker.
         """
         self._detachable()

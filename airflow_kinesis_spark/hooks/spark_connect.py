@@ -1,4 +1,4 @@
-"""The Spark Connect runner (:class:`SparkConnectJob`): the batch's job in this process against a
+"""The Spark Connect runner (:class:`SparkConnectJob`): this process as the batch's driver against a
 running Spark Connect server (connection type ``spark_connect``), and what it needs around it.
 
 * The server: :func:`check_spark_connect` (fail fast when nothing accepts the channel),
@@ -250,7 +250,8 @@ def connect_session_id(secret: bytes, scope: str, stream_name: str, consumer_nam
 
 
 class SparkConnectJob:
-    """Run the batch in this process against a running Spark Connect server (no JVM start).
+    """Run the batch handed over in the checkpoint store with this process as its driver, against a
+    running Spark Connect server (no JVM start).
 
     The job is the same code spark-submit runs (``airflow_kinesis_spark.job``, which
     ``spark_scripts/kinesis_batch.py`` calls); the Airflow-free part of the package, the job
@@ -283,10 +284,8 @@ class SparkConnectJob:
 
     A server that stops answering while the job runs (killed, frozen, unreachable) is given up
     after the connection's extra ``unresponsive_timeout`` seconds without an answer (default
-    :data:`DEFAULT_UNRESPONSIVE_TIMEOUT`), with :class:`TimeoutError`; see :meth:`run`.
+    :data:`DEFAULT_UNRESPONSIVE_TIMEOUT`), with :class:`TimeoutError`; see :meth:`run_handed`.
     """
-
-    takes_batch_from_store = True
 
     def __init__(self, settings: SparkJobSettings, session_scope: str = "KinesisToSparkOperator") -> None:
         self.settings = settings
