@@ -164,8 +164,12 @@ class InProcessJob:
         raise NotImplementedError
 
     def write(self, plan: BatchPlan, location: str) -> dict:
+        import os
+
         self.runs.append(plan)
         reports = self.write_reports(plan, location)
+        if not os.path.exists(location):  # nothing on disk: the write is kept in memory (its rows, if the subclass kept any)
+            self.output.setdefault(location, [])
         quarantined = any(r.quarantined or r.dead_letters for r in reports)
         return {"records": sum(r.records for r in reports), "quarantine_location": location if quarantined else None,
                 "reports": [r.to_dict() for r in reports]}  # fmt: skip

@@ -45,9 +45,19 @@ def connect(monkeypatch, conn_id: str, endpoint: str, **extra: object) -> str:
     return conn_id
 
 
+#: The sockets that hold the ports of :func:`closed_endpoint` (bound for the rest of the session).
+_HELD_PORTS: list[socket.socket] = []
+
+
 def closed_endpoint() -> str:
-    """An endpoint on 127.0.0.1 that nothing listens on: connections are refused."""
-    return f"http://127.0.0.1:{free_port()}"
+    """An endpoint on 127.0.0.1 that nothing listens on: connections are refused. The port stays
+    bound (not listening) by this process, so no server of a test running in parallel can take it
+    between the test's two calls (a free port alone did: the fail-fast check then met that server
+    and passed, and the call after it failed with botocore's error)."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    _HELD_PORTS.append(held)
+    return f"http://127.0.0.1:{held.getsockname()[1]}"
 
 
 @pytest.fixture
