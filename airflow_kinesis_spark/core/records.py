@@ -53,7 +53,6 @@ __all__ = [
     "RecordSettings",
     "RecordDecoder",
     "Decoded",
-    "DecodeError",
     "decoded_schema",
 
     "resolve_registry",
