@@ -7,6 +7,7 @@ can produce them): it hands back the items it is told to leave unprocessed and r
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import datetime, timezone
 
@@ -47,8 +48,20 @@ def plan_of(shards: int) -> tuple[BatchPlan, dict[str, Checkpoint]]:
 
 @pytest.fixture
 def sleeps(monkeypatch):
+    """The pauses between attempts, recorded, not taken: those of this test's threads only. A
+    thread an earlier test in the same worker left running (one that calls ``time.sleep(1)`` in a
+    loop was seen in CI) keeps its real sleep and is not recorded."""
     taken: list[float] = []
-    monkeypatch.setattr(time, "sleep", taken.append)  # the pauses between attempts, recorded, not taken
+    earlier = {t.ident for t in threading.enumerate()} - {threading.main_thread().ident}
+    real = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() in earlier:
+            real(seconds)
+        else:
+            taken.append(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
     return taken
 
 
