@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import threading
 from datetime import datetime, timedelta, timezone
 
+from airflow_kinesis_spark.core.job import run_handed_batch, run_handed_window
 from airflow_kinesis_spark.core.planner import BatchPlan, plan_incremental
 from airflow_kinesis_spark.core.positions import Checkpoint
 from airflow_kinesis_spark.core.ranges import ShardReport
 from airflow_kinesis_spark.core.shards import Shard
+from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 
 #: A real-looking 56-digit sequence number.
 BASE_SEQUENCE_NUMBER = 49590338271490256608559692538361571095921575989136588898
@@ -142,17 +147,12 @@ class InProcessJob:
     """
 
     def __init__(self, dynamodb) -> None:
-        import threading
-
         self.dynamodb = dynamodb
         self.runs: list[BatchPlan] = []  # the plans written, in order
-        self.output: dict[str, list[tuple]] = {}  # mem:// location -> rows
+        self.output: dict[str, list[tuple]] = {}  # location -> rows, for a write kept in memory
         self.killed = threading.Event()  # the lease was lost while writing (``cancel``), or ``kill``
 
     def run_handed(self, arguments, *, output_location: str | None = None) -> None:
-        from airflow_kinesis_spark.core.job import run_handed_batch, run_handed_window
-        from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-
         store = DynamoDBCheckpointStore(self.dynamodb, arguments.checkpoint_table, arguments.stream_name, arguments.consumer_name)
         if arguments.window:
             run_handed_window(store, arguments, write=self.write, publish=self.publish, discard=self.discard)
@@ -164,8 +164,6 @@ class InProcessJob:
         raise NotImplementedError
 
     def write(self, plan: BatchPlan, location: str) -> dict:
-        import os
-
         self.runs.append(plan)
         reports = self.write_reports(plan, location)
         if not os.path.exists(location):  # nothing on disk: the write is kept in memory (its rows, if the subclass kept any)
@@ -175,9 +173,6 @@ class InProcessJob:
                 "reports": [r.to_dict() for r in reports]}  # fmt: skip
 
     def publish(self, staging: str | None, target: str) -> None:
-        import os
-        import shutil
-
         if staging in self.output or (staging is None and target in self.output):  # rows kept in memory
             rows = self.output.pop(staging, None) if staging is not None else None
             self.output.pop(target, None)
@@ -191,8 +186,6 @@ class InProcessJob:
             shutil.move(staging, target)
 
     def discard(self, staging: str) -> None:
-        import shutil
-
         if self.output.pop(staging, None) is None:
             shutil.rmtree(staging, ignore_errors=True)
 

@@ -238,8 +238,9 @@ def check_planned_transform(plan: BatchPlan, transform: str | None) -> None:
         return
     planned = plan.task_settings.get("transform")
     if (transform or None) != (planned or None):
-        raise ValueError(f"--transform {transform!r} is not the transform batch {plan.batch_id} was planned with "
-                         f"({planned!r}): these job arguments were changed after the plan task. Nothing was read or written.")  # fmt: skip
+        raise ValueError(f"the job's transform {transform!r} is not the transform batch {plan.batch_id} was planned with "
+                         f"({planned!r}): the job was started with other settings than the plan task's (its arguments "
+                         "changed after the plan task). Nothing was read or written.")  # fmt: skip
 
 
 def bound_output_location(plan: BatchPlan, args: JobArguments) -> str | None:
@@ -339,24 +340,20 @@ def _write_and_publish(
     publish to the plan's output location (nothing written: the location is removed); an
     unpublished staging directory is discarded. ``publish`` ``None``: write the plan's output
     location itself, then ``check`` and ``fence``. Returns the job's result and its reports."""
-    if publish is None:
-        result = write(plan, plan.output_location)
-        reports = [ShardReport.from_dict(r) for r in result["reports"]]
-        check(reports)
-        fence()
-        return result, reports
-    staging = staging_location(plan.output_location, writer)
-    published = False
+    in_place = publish is None  # nothing to publish, and nothing to discard: the output location is written
+    location = plan.output_location if in_place else staging_location(plan.output_location, writer)
+    published = in_place
     try:
-        result = write(plan, staging)
+        result = write(plan, location)
         reports = [ShardReport.from_dict(r) for r in result["reports"]]
         check(reports)
         fence()
-        publish(staging if result.get("records") or result.get("quarantine_location") else None, plan.output_location)
-        published = True
+        if publish is not None:
+            publish(location if result.get("records") or result.get("quarantine_location") else None, plan.output_location)
+            published = True
     finally:
         if not published:
-            discard(staging)
+            discard(location)
     return result, reports
 
 

@@ -1,10 +1,10 @@
 """Where the batch's Spark job runs: one interface, one implementation per way of running Spark.
 
 Each runner is a :class:`~airflow_kinesis_spark.core.interfaces.BatchJob`: "run the batch handed
-over in the checkpoint store, whose driver records its per-shard report there". It owns everything about its way of running Spark —
-packaging the Airflow-free code for the executors, the job's environment and credentials, the
-processes it starts, how to kill them, and cleaning up — so the protocol and the operators
-never see any of it.
+over in the checkpoint store, whose driver records its per-shard report there". It owns
+everything about its way of running Spark — packaging the Airflow-free code for the executors,
+the job's environment and credentials, the processes it starts, how to kill them, and cleaning
+up — so the protocol and the operators never see any of it.
 
 * :class:`SparkSubmitJob` — ``spark-submit`` through the apache-spark provider's hook
   (:class:`~airflow_kinesis_spark.hooks.spark_submit.BatchSparkSubmitHook`, connection type
@@ -105,10 +105,7 @@ class SparkSubmitJob:
         :raises RuntimeError: the job failed (its exit code and the hook's error).
         """
         with batch_temp_dir(arguments.batch_id) as tmp:
-            args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
-            self._submit(describe(arguments), args, core_zip(tmp), arguments.stream_name, arguments.consumer_name,
-                         arguments.batch_id, output_location=output_location, checkpoint_table=arguments.checkpoint_table,
-                         after=after_failure(arguments))  # fmt: skip
+            self._submit(arguments, core_zip(tmp), output_location=output_location)
 
     def submit_detached(self, arguments: JobArguments, *, output_location: str | None = None) -> str:
         """Start the job of a handed batch and return without waiting for it (a deferrable
@@ -132,10 +129,8 @@ class SparkSubmitJob:
 
         connection = self.check_detachable()
         tmp = make_batch_temp_dir(arguments.batch_id, consumer=consumer_key(arguments.stream_name, arguments.consumer_name))
-        args = [*arguments.to_args(), *self.settings.read_options.job_args(False)]
         try:
-            job = self._job(connection, args, core_zip(tmp), arguments.stream_name, arguments.consumer_name,
-                            arguments.batch_id, output_location, arguments.checkpoint_table)  # fmt: skip
+            job = self._job(connection, arguments, core_zip(tmp), output_location)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -190,14 +185,11 @@ class SparkSubmitJob:
         if hook is not None:
             hook.on_kill()
 
-    def _submit(
-        self, label: str, args: list[str], core: str, stream_name: str, consumer_name: str, batch_id: int, *,
-        output_location: str | None, checkpoint_table: str | None, after: str,
-    ) -> None:  # fmt: skip
+    def _submit(self, arguments: JobArguments, core: str, *, output_location: str | None) -> None:
         from airflow_kinesis_spark.hooks.spark_submit import spark_connection
 
-        job = self._job(spark_connection(self.settings.spark_conn_id), args, core, stream_name, consumer_name, batch_id,
-                        output_location, checkpoint_table)  # fmt: skip
+        label, after = describe(arguments), after_failure(arguments)
+        job = self._job(spark_connection(self.settings.spark_conn_id), arguments, core, output_location)
         # spark-submit through die_with_parent, its output copied into the run's directory (the wrapper)
         self._hook = job.hook(work_dir=os.path.dirname(core))
         log.info("Submitting the Spark job of %s", label)
@@ -213,20 +205,22 @@ class SparkSubmitJob:
             self._hook = None
 
     def _job(
-        self, connection: SparkConnection, args: list[str], core: str, stream_name: str, consumer_name: str,
-        batch_id: int, output_location: str | None, checkpoint_table: str | None,
+        self, connection: SparkConnection, arguments: JobArguments, core: str, output_location: str | None
     ) -> _SubmitArguments:  # fmt: skip
-        """The spark-submit arguments of a job: the hook's constructor arguments, derived from the
-        connection's master and deploy mode (``connection``: looked up once per submission,
-        :func:`~airflow_kinesis_spark.hooks.spark_submit.spark_connection`)."""
+        """The spark-submit arguments of the job of ``arguments``: the hook's constructor
+        arguments, derived from the connection's master and deploy mode (``connection``: looked up
+        once per submission, :func:`~airflow_kinesis_spark.hooks.spark_submit.spark_connection`).
+        The job's command line is ``arguments`` (:meth:`JobArguments.to_args`), the readers'
+        settings and the transform."""
         s = self.settings
-        args = list(args)
+        stream_name, consumer_name = arguments.stream_name, arguments.consumer_name
+        args = [*arguments.to_args(), *s.read_options.job_args(False)]
         if s.transform:
             args += ["--transform", s.transform]
             if s.transform_allowed_modules:  # the job checks the module defining the function too
                 args += ["--transform-allowed-modules", ",".join(s.transform_allowed_modules)]
         py_files = ",".join(p for p in (core, s.py_files) if p)
-        name = f"kinesis-batch-{stream_name}-{consumer_name}-{batch_id}"
+        name = f"kinesis-batch-{stream_name}-{consumer_name}-{arguments.batch_id}"
         conf = dict(s.spark_conf)
         if connection.is_local:
             conf = {**LOCAL_UI_CONF, **conf}  # the DAG author's SparkSettings.conf wins
@@ -236,7 +230,7 @@ class SparkSubmitJob:
         on_command_line = connection.env_goes_on_command_line
         if on_command_line:
             log.info("Spark master is YARN/Kubernetes: the job uses the cluster's AWS credentials")
-        env = s.aws_environment(stream_name, output_location=output_location, checkpoint_table=checkpoint_table,
+        env = s.aws_environment(stream_name, output_location=output_location, checkpoint_table=arguments.checkpoint_table,
                                 store_key=f"{stream_name_of(stream_name)}|{consumer_name}", cluster_role=on_command_line)  # fmt: skip
         if connection.is_local:
             env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver (and a UI turned back on) listen on loopback only

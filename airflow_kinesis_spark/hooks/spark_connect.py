@@ -344,8 +344,6 @@ class SparkConnectJob:
         if s.job_credentials != "none":  # before any credential is even made
             check_connect_transport(url, s.spark_conn_id, allow_insecure=bool(extra.get(ALLOW_INSECURE_EXTRA)))
         aws_env = s.aws_environment(arguments.stream_name, output_location=output_location)
-        if arguments.region_name:
-            aws_env.setdefault("AWS_DEFAULT_REGION", arguments.region_name)  # the executors' Kinesis clients
         if s.reuse_connect_session:
             self._secret = session_secret(extra.get(SESSION_SECRET_EXTRA))
         check_spark_connect(url, s.spark_conn_id)

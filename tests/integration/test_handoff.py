@@ -51,6 +51,7 @@ from airflow_kinesis_spark.exceptions import (
 from demo.producer import put_aggregated, put_plain
 from tests.conftest import create_stream
 from tests.helpers import read_plan
+from tests.integration.test_protocol import ReaderJob
 
 pytestmark = pytest.mark.integration
 
@@ -275,6 +276,22 @@ def test_a_handed_batch_is_committed_exactly_once_from_its_jobs_output(kinesis, 
     checkpoints = store.committed_checkpoints()
     assert {k: v["checkpoint"] for k, v in summary["shards"].items()} == {k: str(v) for k, v in checkpoints.items()}
 
+    # The same summary whatever the job writes to (files here, memory there): a twin stream run by ReaderJob.
+    twin = unique_name + "-twin"
+    create_stream(kinesis, twin, 2)
+    put_plain(kinesis, twin, records)
+    put_aggregated(kinesis, twin, aggregated, per_aggregate=5)
+    twin_store = DynamoDBCheckpointStore(dynamodb, store.table_name, twin, "lake")
+    twin_store.ensure_table()
+    in_memory = run_incremental(kinesis, twin_store, ReaderJob(kinesis, dynamodb), settings(twin, tmp_path / "twin"), "run-1")
+    assert set(summary) == set(in_memory)
+    positional = {"first", "last", "checkpoint"}  # sequence numbers: each stream has its own
+    for key in set(summary) - {"stream_name", "output_path", "cutoff", "shards"}:
+        assert summary[key] == in_memory[key], key
+    assert {k: {f: v for f, v in s.items() if f not in positional} for k, s in summary["shards"].items()} == {
+        k: {f: v for f, v in s.items() if f not in positional} for k, s in in_memory["shards"].items()
+    }
+    assert all(set(s) == set(in_memory["shards"][k]) for k, s in summary["shards"].items())
 
 
 def test_a_report_that_does_not_match_the_plan_is_never_recorded_nor_published(kinesis, dynamodb, store, unique_name, tmp_path):

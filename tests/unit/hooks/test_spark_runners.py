@@ -130,10 +130,11 @@ def test_spark_submit_gives_the_job_the_transform_allow_list(monkeypatch, tmp_pa
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "spark://local%5B2%5D")  # a local master (no lookup of a missing one)
     from airflow_kinesis_spark.hooks.spark_submit import spark_connection
 
-    job = SparkSubmitJob(settings)._job(spark_connection("spark_default"), ["--batch-id", "7"], str(tmp_path / "core.zip"),
-                                        "orders", "lake", 7, None, None)  # fmt: skip
+    arguments = JobArguments(checkpoint_table="kinesis_checkpoints", stream_name="orders", consumer_name="lake", batch_id=7,
+                             lease_owner="plan-task", lease_seconds=60)  # fmt: skip
+    job = SparkSubmitJob(settings)._job(spark_connection("spark_default"), arguments, str(tmp_path / "core.zip"), None)
     hook = job.hook()
-    assert hook.kwargs["application_args"] == ["--batch-id", "7", *expected]
+    assert hook.kwargs["application_args"] == [*arguments.to_args(), *settings.read_options.job_args(False), *expected]
 
 
 def test_the_connect_runner_checks_the_transform_against_the_allow_list(monkeypatch):
