@@ -20,6 +20,7 @@ __all__ = [
     "ReportValidationError",
     "DeadLetterLimitError",
     "EndpointUnreachableError",
+    "OutputTrustError",
     "PendingPlanMismatchError",
     "ReportNotRecordedError",
     "OutputOwnedError",
@@ -147,6 +148,16 @@ class EndpointUnreachableError(KinesisSparkError):
     Raised by the first use of a connection (see ``core.admin.check_endpoint``), before anything
     is read or written.
     """
+
+
+class OutputTrustError(KinesisSparkError):
+    """The table library (delta-rs, pyiceberg) would not trust the TLS certificate of the output
+    location's S3 endpoint, which the storage options' CA bundle (``verify``'s path) signs: neither
+    library takes a CA bundle, they trust the system's CA certificates or the worker's
+    ``SSL_CERT_FILE``. Found before the job runs; nothing is read or written. A retry cannot help.
+    Fields: ``location``, ``endpoint``, ``ca_bundle``, ``library``."""
+
+    retryable = False
 
 
 class ReportNotRecordedError(KinesisSparkError):

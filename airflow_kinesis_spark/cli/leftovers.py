@@ -49,8 +49,9 @@ def _key_values(values: Sequence[str], option: str) -> dict[str, str]:
 
 def _storage_options(ctx: click.Context, output_path: str, given: dict[str, str]) -> dict[str, str] | None:
     """For an ``s3://`` (``s3a``, ``s3n``) root: credentials and region of the command's AWS access
-    (``--aws-conn-id``'s connection, or boto3's chain with ``--profile``/``--region``) in delta-rs's
-    key names, under ``given`` (``--storage-option``); other roots: ``given``."""
+    (``--aws-conn-id``'s connection, its ``verify`` extra's CA bundle included, or boto3's chain
+    with ``--profile``/``--region``) in delta-rs's key names, under ``given``
+    (``--storage-option``, e.g. ``AWS_CA_BUNDLE=ca.pem``); other roots: ``given``."""
     from urllib.parse import urlparse
 
     if urlparse(output_path).scheme not in ("s3", "s3a", "s3n"):
@@ -66,7 +67,7 @@ def _storage_options(ctx: click.Context, output_path: str, given: dict[str, str]
         configure_logging(log_level="INFO" if opts["verbose"] else "WARNING", output=sys.stderr)
         hook = KinesisStreamHook(aws_conn_id=opts["aws_conn_id"], region_name=opts["region"])
         derived = aws_storage_options(hook.get_credentials(), opts["region"] or hook.conn_region_name,
-                                      opts["endpoint_url"] or getattr(hook.conn_config, "endpoint_url", None))  # fmt: skip
+                                      opts["endpoint_url"] or getattr(hook.conn_config, "endpoint_url", None), hook.verify)  # fmt: skip
     else:
         import boto3
 

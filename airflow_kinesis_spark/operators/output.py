@@ -155,9 +155,10 @@ class OutputSettingsMixin:
         return {**self._aws_storage_options(), **(self.output_settings.storage_options or {})}
 
     def _aws_storage_options(self) -> dict[str, str]:
-        """Credentials, region and endpoint of ``aws_conn_id`` in delta-rs's key names."""
+        """Credentials, region, endpoint and CA bundle (``verify``'s path) of ``aws_conn_id`` in
+        delta-rs's key names (``sinks.files.aws_storage_options``)."""
         from airflow_kinesis_spark.sinks.files import aws_storage_options
 
         hook: Any = self.kinesis_hook  # type: ignore[attr-defined]
         return aws_storage_options(hook.get_credentials(), self.region_name or hook.conn_region_name,
-                                   getattr(hook.conn_config, "endpoint_url", None))  # fmt: skip
+                                   getattr(hook.conn_config, "endpoint_url", None), hook.verify)  # fmt: skip

@@ -234,6 +234,9 @@ class Sink:
     """
 
     format = "parquet"
+    #: The library that reads and commits the table in the worker (``delta-rs``, ``pyiceberg``;
+    #: ``None``: this package's own file access), for :func:`~airflow_kinesis_spark.sinks.files.check_library_trust`.
+    library: str | None = None
     output_path = ""
     batch_root = ""
     shared_output = False
@@ -257,9 +260,17 @@ class Sink:
         (:func:`~airflow_kinesis_spark.sinks.ownership.claim_output`), and holds no batch of this
         stream and consumer that the checkpoint store has not committed (:meth:`check_position`).
 
+        A table library that cannot be given the storage options' CA bundle is checked first
+        (:func:`~airflow_kinesis_spark.sinks.files.check_library_trust`).
+
+        :raises OutputTrustError: the table library would not trust the output's S3 endpoint.
         :raises OutputOwnedError: the output belongs to another stream, consumer or format.
         :raises OutputAheadError: the output is ahead of the checkpoint store.
         """
+        if self.library and self.output_path:
+            from airflow_kinesis_spark.sinks.files import check_library_trust
+
+            check_library_trust(self.output_path, self.storage_options, self.library)
         self.claim(stream_name, consumer_name, record=False)
         self.check_position(stream_name, consumer_name, store, head, pending)
 

@@ -82,6 +82,7 @@ class DeltaSink(Sink):
     """
 
     format = "delta"
+    library = "delta-rs"
 
     def __init__(
         self, location: str, *, partition_by: Sequence[str] = DEFAULT_PARTITION,

@@ -3,12 +3,14 @@ statistics, and small marker files (through ``pyarrow.fs``: local paths, ``file:
 and ``s3a://``).
 
 ``storage_options`` use the keys of delta-rs / object_store (``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``); every
-sink takes them in that form and translates them for its library (:func:`pyiceberg_io_properties`).
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``), plus
+:data:`CA_BUNDLE_OPTION`; every sink takes them in that form and translates them for its library
+(:func:`pyiceberg_io_properties`).
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import uuid
 from collections.abc import Mapping
@@ -16,8 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["DataFile", "filesystem", "list_data_files", "write_text", "read_text", "exists", "table_uri", "pyiceberg_io_properties",
+__all__ = ["CA_BUNDLE_OPTION", "DataFile", "check_library_trust", "filesystem", "list_data_files", "write_text", "read_text", "exists", "table_uri", "pyiceberg_io_properties",
            "read_schema"]
+
+
+#: The storage option naming a CA bundle (a PEM file's path) for an ``s3://`` location, botocore's
+#: name for it. This package's own access (:func:`filesystem`) gives it to pyarrow
+#: (``S3FileSystem(tls_ca_file_path=)``, pyarrow 21 or later); the operators set it from
+#: ``verify`` when that is a path. delta-rs and pyiceberg take none (object_store has no such
+#: key; pyiceberg 0.12 passes none to pyarrow, apache/iceberg-python#3866): they trust the
+#: system's CA certificates or the file the worker's ``SSL_CERT_FILE`` names
+#: (:func:`check_library_trust`).
+CA_BUNDLE_OPTION = "AWS_CA_BUNDLE"
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,10 @@ def table_uri(location: str) -> str:
 def filesystem(location: str, storage_options: Mapping[str, str] | None = None) -> tuple[Any, str]:
     """``(pyarrow.fs.FileSystem, path inside it)`` for ``location``.
 
-    :raises ValueError: a scheme other than a local path, ``file``, ``s3``/``s3a``/``s3n``.
+    :param storage_options: :data:`CA_BUNDLE_OPTION` among them: the CA bundle an ``s3``
+        location's endpoint is verified with (else the system's CA certificates).
+    :raises ValueError: a scheme other than a local path, ``file``, ``s3``/``s3a``/``s3n``; a CA
+        bundle with pyarrow older than 21.
     """
     from pyarrow import fs
 
@@ -62,6 +77,13 @@ def filesystem(location: str, storage_options: Mapping[str, str] | None = None) 
         if opts.get("AWS_ENDPOINT_URL"):
             endpoint = urlparse(opts["AWS_ENDPOINT_URL"])
             kwargs.update(endpoint_override=endpoint.netloc or endpoint.path, scheme=endpoint.scheme or "https")
+        if opts.get(CA_BUNDLE_OPTION):
+            import pyarrow
+
+            if int(pyarrow.__version__.split(".")[0]) < 21:
+                raise ValueError(f"storage option {CA_BUNDLE_OPTION} (verify's CA bundle): pyarrow {pyarrow.__version__} takes "
+                                 "no CA bundle for S3 (tls_ca_file_path came in pyarrow 21); install pyarrow>=21")  # fmt: skip
+            kwargs["tls_ca_file_path"] = opts[CA_BUNDLE_OPTION]
         return fs.S3FileSystem(**kwargs), parsed.netloc + parsed.path
     raise ValueError(f"output location {location!r}: the worker reads file and s3 locations only (scheme {parsed.scheme!r})")
 
@@ -149,11 +171,14 @@ def pyiceberg_io_properties(storage_options: Mapping[str, str] | None) -> dict[s
     return {names[k]: v for k, v in (storage_options or {}).items() if k in names and v}
 
 
-def aws_storage_options(credentials: Any, region: str | None, endpoint_url: str | None) -> dict[str, str]:
+def aws_storage_options(credentials: Any, region: str | None, endpoint_url: str | None,
+                        verify: bool | str | None = None) -> dict[str, str]:  # fmt: skip
     """Storage options (delta-rs's key names, which :func:`filesystem` reads too) of an AWS access:
     ``credentials`` (botocore's, with ``access_key``, ``secret_key``, ``token``; ``None``: none),
-    the region, and an endpoint (``AWS_ALLOW_HTTP`` for an ``http://`` one, e.g. an emulator).
-    One place for the operators' and the CLI's. Empty values are left out."""
+    the region, an endpoint (``AWS_ALLOW_HTTP`` for an ``http://`` one, e.g. an emulator) and
+    ``verify`` as boto3 takes it (a path: :data:`CA_BUNDLE_OPTION`; ``False`` has no storage
+    option: pyarrow always verifies). One place for the operators' and the CLI's. Empty values
+    are left out."""
     opts: dict[str, str] = {}
     if credentials is not None:
         opts.update(AWS_ACCESS_KEY_ID=credentials.access_key, AWS_SECRET_ACCESS_KEY=credentials.secret_key,
@@ -163,5 +188,43 @@ def aws_storage_options(credentials: Any, region: str | None, endpoint_url: str 
         opts["AWS_ENDPOINT_URL"] = endpoint_url
         if endpoint_url.startswith("http://"):
             opts["AWS_ALLOW_HTTP"] = "true"
+    if isinstance(verify, str):
+        opts[CA_BUNDLE_OPTION] = verify
     return {k: v for k, v in opts.items() if v}
+
+
+def check_library_trust(location: str, storage_options: Mapping[str, str] | None, library: str) -> None:
+    """Before ``library`` (delta-rs, pyiceberg) reads or writes an ``s3://`` ``location`` whose
+    storage options name a CA bundle (:data:`CA_BUNDLE_OPTION`), which it cannot be given: one
+    request (pyarrow's ``get_file_info``) trusting what the library trusts, the system's CA
+    certificates or the file the worker's ``SSL_CERT_FILE`` names (both libraries' TLS stacks read
+    it: OpenSSL's and rustls-native-certs'). Nothing is checked without a CA bundle or for a
+    local location; an answer other than a TLS failure (a missing key, access denied) passes.
+
+    :raises OutputTrustError: the endpoint's certificate is not trusted so; names the location,
+        the endpoint, the bundle and the fix (``SSL_CERT_FILE`` in the worker's environment).
+    """
+    from airflow_kinesis_spark.exceptions import OutputTrustError
+
+    opts = dict(storage_options or {})
+    bundle = opts.pop(CA_BUNDLE_OPTION, None)
+    if not bundle or urlparse(table_uri(location)).scheme != "s3":
+        return
+    filesys, path = filesystem(location, opts)
+    try:
+        filesys.get_file_info(path)
+    except OSError as err:
+        if "curlCode: 60" not in str(err) and "curlCode: 77" not in str(err):
+            return
+        endpoint = opts.get("AWS_ENDPOINT_URL") or "the region's S3 endpoint"
+        current = os.environ.get("SSL_CERT_FILE")
+        raise OutputTrustError(
+            f"{library} would not trust the TLS certificate of {endpoint} (output {location!r}): it cannot be given "
+            f"the CA bundle {bundle!r} (verify, or the storage option {CA_BUNDLE_OPTION}) and trusts the system's CA "
+            f"certificates or the worker's SSL_CERT_FILE ({'now ' + repr(current) if current else 'not set'}). "
+            f"Set SSL_CERT_FILE={bundle} in the environment of the workers that run this task (a bundle that "
+            f"also holds the public CAs if the worker reaches other TLS endpoints through these libraries), or "
+            f"install the CA in the system's certificates. Nothing was read or written.",
+            location=location, endpoint=endpoint, ca_bundle=bundle, library=library,
+        ) from err
 

@@ -97,6 +97,7 @@ class IcebergSink(Sink):
     """
 
     format = "iceberg"
+    library = "pyiceberg"
 
     def __init__(
         self, table: str, catalog_properties: Mapping[str, str], location: str, *,

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
+from airflow.exceptions import AirflowFailException
 from airflow.sdk import DAG
 
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
-from airflow_kinesis_spark.exceptions import EndpointUnreachableError
+from airflow_kinesis_spark.exceptions import EndpointUnreachableError, OutputTrustError
 from airflow_kinesis_spark.operators.kinesis_to_spark import KinesisToSparkOperator
-from airflow_kinesis_spark.operators.settings import ReadOptions
+from airflow_kinesis_spark.operators.settings import OutputSettings, ReadOptions
+from airflow_kinesis_spark.sinks.files import read_text, write_text
 from airflow_kinesis_spark.operators.checkpoints import KinesisDiscardPendingBatchOperator
 from airflow_kinesis_spark.operators.split import kinesis_batch_task_group
 from airflow_kinesis_spark.sensors.kinesis import KinesisShardLagSensor
@@ -168,3 +171,109 @@ def test_a_batch_is_read_over_tls_with_the_ca_bundle_it_was_given(https_conn, tm
     store = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "tls")
     verdict = verify_rows(produced, committed_rows(output, store.head().committed_batch_id))
     assert verdict.ok, verdict
+
+
+# -- verify and the output's S3 endpoint --------------------------------------------------------
+
+TABLE_LIBRARIES = {"delta": "delta-rs", "iceberg": "pyiceberg"}
+
+
+def _s3(endpoint: str, ca: Path):
+    return boto3.client("s3", endpoint_url=endpoint, verify=str(ca), region_name=REGION,
+                        aws_access_key_id=TEST_ACCESS_KEY, aws_secret_access_key=TEST_SECRET_KEY)  # fmt: skip
+
+
+def _output_settings(fmt: str, folder: Path) -> OutputSettings:
+    if fmt == "iceberg":
+        return OutputSettings(format="iceberg", table="lake.events", catalog_properties={"type": "sql", "uri": f"sqlite:///{folder}/catalog.db"})
+    return OutputSettings(format=fmt)
+
+
+def test_the_output_s_own_file_access_trusts_verify_s_ca_bundle(https_conn, tmp_path, unique_name):
+    """The operator's storage options carry verify's path (AWS_CA_BUNDLE); this package's own
+    pyarrow access to the S3 output (owner records, file listing) trusts it, and without it the
+    same access fails on the private CA."""
+    endpoint, ca = https_conn
+    _s3(endpoint, ca).create_bucket(Bucket=unique_name)
+    task = KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_ckpt",
+                                  output_path=f"s3://{unique_name}/out", verify=str(ca))  # fmt: skip
+    options = task.sink.storage_options
+    assert options["AWS_CA_BUNDLE"] == str(ca) and options["AWS_ENDPOINT_URL"] == endpoint
+    write_text(f"s3://{unique_name}/out/marker.json", "{}", options)
+    assert read_text(f"s3://{unique_name}/out/marker.json", options) == "{}"
+    without = {k: v for k, v in options.items() if k != "AWS_CA_BUNDLE"}
+    with pytest.raises(OSError, match="curlCode: 60"):
+        read_text(f"s3://{unique_name}/out/marker.json", without)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_table_library_that_cannot_take_the_ca_bundle_is_named_before_anything_is_read(https_conn, monkeypatch, tmp_path, unique_name, fmt):
+    """delta-rs and pyiceberg take no CA bundle: with verify's private CA and no SSL_CERT_FILE, the
+    run fails before its job, naming the library and the fix; nothing is read or written."""
+    endpoint, ca = https_conn
+    s3 = _s3(endpoint, ca)
+    s3.create_bucket(Bucket=unique_name)
+    kinesis = boto3.client("kinesis", endpoint_url=endpoint, verify=str(ca), region_name=REGION,
+                           aws_access_key_id=TEST_ACCESS_KEY, aws_secret_access_key=TEST_SECRET_KEY)  # fmt: skip
+    create_stream(kinesis, unique_name, 1)
+    put_plain(kinesis, unique_name, [("k", b"a")])
+    task = KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_ckpt",
+                                  output_path=f"s3://{unique_name}/out", output_settings=_output_settings(fmt, tmp_path),
+                                  verify=str(ca))  # fmt: skip
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # a worker without it
+    with pytest.raises(AirflowFailException) as info:
+        task.execute({})
+    cause = info.value.__cause__
+    assert isinstance(cause, OutputTrustError) and not cause.retryable
+    assert (cause.library, cause.endpoint, cause.ca_bundle) == (TABLE_LIBRARIES[fmt], endpoint, str(ca))
+    assert f"Set SSL_CERT_FILE={ca} in the environment of the workers that run this task" in str(cause)
+    assert s3.list_objects_v2(Bucket=unique_name).get("KeyCount", 0) == 0  # no owner record, no file
+    dynamodb = boto3.client("dynamodb", endpoint_url=endpoint, verify=str(ca), region_name=REGION,
+                            aws_access_key_id=TEST_ACCESS_KEY, aws_secret_access_key=TEST_SECRET_KEY)  # fmt: skip
+    head = DynamoDBCheckpointStore(dynamodb, f"{unique_name}_ckpt", unique_name, "lake").head()
+    assert head.committed_batch_id == 0 and head.pending_batch_id is None  # no plan
+
+
+_WITH_SSL_CERT_FILE = """
+import sys
+import pyarrow as pa
+from airflow_kinesis_spark.sinks import build_sink
+from airflow_kinesis_spark.sinks.files import check_library_trust
+fmt, location, options, catalog = sys.argv[1], sys.argv[2], dict(a.split("=", 1) for a in sys.argv[4:]), sys.argv[3]
+iceberg = {"table": "lake.events", "catalog_properties": {"type": "sql", "uri": catalog}} if fmt == "iceberg" else {}
+sink = build_sink(fmt, location, storage_options=options, stream_name="s", consumer_name="c", **iceberg)
+check_library_trust(location, options, sink.library)
+rows = pa.table({"n": [1, 2, 3]})
+if fmt == "delta":
+    import deltalake
+    deltalake.write_deltalake(location, rows, storage_options=options)
+    print(sink.load().to_pyarrow_table().num_rows)
+else:
+    catalog = sink.catalog()
+    catalog.create_namespace_if_not_exists("lake")
+    table = catalog.create_table("lake.events", schema=rows.schema, location=location)
+    table.append(rows)
+    print(catalog.load_table("lake.events").scan().to_arrow().num_rows)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_the_fix_the_error_names_works_ssl_cert_file_makes_the_table_library_trust_the_ca(https_conn, tmp_path, unique_name, fmt):
+    """The fix OutputTrustError names, for real: in a worker process whose SSL_CERT_FILE is the CA
+    bundle, the check passes and the table library writes and reads the table over TLS; in one
+    without it, the library itself fails on the certificate (what the check finds first)."""
+    import subprocess
+    import sys
+
+    endpoint, ca = https_conn
+    _s3(endpoint, ca).create_bucket(Bucket=unique_name)
+    options = {"AWS_ACCESS_KEY_ID": TEST_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": TEST_SECRET_KEY, "AWS_REGION": REGION,
+               "AWS_ENDPOINT_URL": endpoint, "AWS_CA_BUNDLE": str(ca), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}  # fmt: skip
+    command = [sys.executable, "-c", _WITH_SSL_CERT_FILE, fmt, f"s3://{unique_name}/{fmt}", f"sqlite:///{tmp_path}/catalog.db",
+               *(f"{k}={v}" for k, v in options.items())]  # fmt: skip
+    environment = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
+    trusted = subprocess.run(command, env={**environment, "SSL_CERT_FILE": str(ca)}, capture_output=True, text=True, timeout=300)
+    assert trusted.returncode == 0, trusted.stderr[-3000:]
+    assert trusted.stdout.split()[-1] == "3"
+    untrusted = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert untrusted.returncode != 0 and "OutputTrustError" in untrusted.stderr, untrusted.stderr[-3000:]

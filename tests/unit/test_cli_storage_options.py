@@ -23,3 +23,16 @@ def test_the_endpoint_url_reaches_the_storage_options(monkeypatch):
                        "AWS_ENDPOINT_URL": "http://127.0.0.1:4566", "AWS_ALLOW_HTTP": "true"}  # fmt: skip
     assert _storage_options(context(), "s3://lake/out", {"AWS_REGION": "us-east-2"})["AWS_REGION"] == "us-east-2"
     assert _storage_options(context(endpoint_url="http://127.0.0.1:4566"), "/data/out", {}) is None
+
+
+def test_a_connection_s_ca_bundle_reaches_the_storage_options(monkeypatch, tmp_path):
+    """--aws-conn-id's ``verify`` extra (a CA bundle's path) becomes AWS_CA_BUNDLE, which this
+    package's pyarrow access to the output trusts (sinks.files.filesystem)."""
+    import json
+
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("")
+    extra = {"endpoint_url": "https://127.0.0.1:4566", "verify": str(bundle), "region_name": "eu-west-1"}
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE", json.dumps({"conn_type": "aws", "login": "AKIDEXAMPLE", "password": "secret", "extra": extra}))
+    options = _storage_options(context(aws_conn_id="lake"), "s3://lake/out", {})
+    assert options is not None and options["AWS_CA_BUNDLE"] == str(bundle) and options["AWS_ENDPOINT_URL"] == "https://127.0.0.1:4566"

@@ -10,11 +10,12 @@ from airflow_kinesis_spark import exceptions
 from airflow_kinesis_spark.failures import error_event, raise_event_error, task_errors
 
 #: The errors a retry finds again: another writer won, a plan or report that does not fit, records
-#: that would be lost, a table or output that refuses the batch, a corrupt item of the store.
+#: that would be lost, a table or output that refuses the batch, a corrupt item of the store, an
+#: output endpoint the table library does not trust.
 NOT_RETRYABLE = {
     "CheckpointConflictError", "DataLossError", "PendingPlanMismatchError", "ReportValidationError", "DeadLetterLimitError",
     "TableCommitError", "OutputOwnedError", "OutputAheadError", "WindowAheadError", "PlanBindingError",
-    "CheckpointStoreCorruptError",
+    "CheckpointStoreCorruptError", "OutputTrustError",
 }  # fmt: skip
 
 
