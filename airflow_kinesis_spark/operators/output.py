@@ -100,7 +100,8 @@ class OutputSettingsMixin:
         )  # fmt: skip
 
     def _glue_client(self) -> GlueClient:
-        """A Glue client of ``aws_conn_id`` (AWS Glue Schema Registry)."""
+        """A Glue client of ``aws_conn_id``, with ``verify`` and ``botocore_config`` (AWS Glue Schema
+        Registry, and an Iceberg Glue catalog without credentials of its own)."""
         from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
         return AwsBaseHook(client_type="glue", **self.aws_hook_kwargs).get_conn()
@@ -135,18 +136,6 @@ class OutputSettingsMixin:
                 props["credential"] = f"{conn.login}:{conn.password}" if conn.login else conn.password
             props.setdefault("name", conn_id)
         props.update(self.output_settings.catalog_properties or {})
-        if props.get("type") == "glue" and not any(k.startswith(("glue.access-key-id", "client.access-key-id")) for k in props):
-            props.update(self._aws_client_properties())
-        return props
-
-    def _aws_client_properties(self) -> dict[str, str]:
-        """pyiceberg ``client.*`` properties (Glue and S3) from ``aws_conn_id``."""
-        opts = self._aws_storage_options()
-        names = {"AWS_ACCESS_KEY_ID": "client.access-key-id", "AWS_SECRET_ACCESS_KEY": "client.secret-access-key",
-                 "AWS_SESSION_TOKEN": "client.session-token", "AWS_REGION": "client.region"}  # fmt: skip
-        props = {names[k]: v for k, v in opts.items() if k in names}
-        if opts.get("AWS_ENDPOINT_URL"):
-            props["glue.endpoint"] = opts["AWS_ENDPOINT_URL"]
         return props
 
     def _storage_options(self) -> dict[str, str] | None:

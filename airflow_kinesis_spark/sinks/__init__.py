@@ -244,8 +244,8 @@ class Sink:
     storage_options: Mapping[str, str] | None = None
     #: How the job decodes records (``core.records.RecordSettings``; ``None``: raw).
     record_settings: RecordSettings | None = None
-    #: A function returning a boto3 Glue client, for a schema in AWS Glue Schema Registry
-    #: (the operators' connection); called at planning only.
+    #: A function returning a boto3 Glue client (the operators' connection), for a schema in AWS
+    #: Glue Schema Registry (called at planning) and an Iceberg Glue catalog (``IcebergSink.catalog``).
     glue_client: Callable[[], GlueClient] | None = None
 
     def owner(self, stream_name: str, consumer_name: str) -> Any:
@@ -548,7 +548,8 @@ def build_sink(
         version that adds fields adds columns), else ``"none"``; Parquet: ``"none"``.
     :param record_settings: how the job decodes records (``core.records.RecordSettings``;
         ``None``: raw).
-    :param glue_client: a function returning a boto3 Glue client, for ``record_settings.registry``.
+    :param glue_client: a function returning a boto3 Glue client, for ``record_settings.registry``
+        and an Iceberg Glue catalog that names no client settings of its own (``IcebergSink.catalog``).
     :raises ValueError: naming the setting, the problem and the fix.
     """
     typed = record_settings is not None and record_settings.typed

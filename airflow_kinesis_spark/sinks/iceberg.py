@@ -66,6 +66,13 @@ COMMIT_PAUSE = 0.05
 # are what a type checker sees; the two calls below are where that difference is accepted.
 
 
+def _names_glue_client(props: Mapping[str, str]) -> bool:
+    """Whether pyiceberg's catalog properties say how to build the Glue client themselves:
+    credentials, a profile, or a catalog id (which pyiceberg registers on a client it builds)."""
+    own = ("glue.access-key-id", "client.access-key-id", "glue.profile-name", "client.profile-name", "glue.id")
+    return any(props.get(key) for key in own)
+
+
 def _arrival_between(start: Any, end: Any) -> Any:
     """``start <= approximate_arrival_timestamp < end`` (aware datetimes) as a pyiceberg row filter."""
     from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
@@ -139,13 +146,22 @@ class IcebergSink(Sink):
         return None
 
     def catalog(self) -> Any:
-        """The pyiceberg catalog (loaded once)."""
+        """The pyiceberg catalog (loaded once). A Glue catalog whose properties name no credentials
+        (``glue.access-key-id``, ``client.access-key-id``, ``glue.profile-name``,
+        ``client.profile-name``) and no ``glue.id`` uses the Glue client of :attr:`glue_client`
+        when there is one (the operators': their connection's credentials, endpoint, ``verify``
+        and ``botocore_config``), through ``GlueCatalog``'s ``client`` argument."""
         if self._catalog is None:
             from pyiceberg.catalog import load_catalog
 
             props = {**pyiceberg_io_properties(self.storage_options), **self.catalog_properties}
             name = props.pop("name", "default")
-            self._catalog = load_catalog(name, **props)
+            if props.get("type") == "glue" and self.glue_client is not None and not _names_glue_client(props):
+                from pyiceberg.catalog.glue import GlueCatalog
+
+                self._catalog = GlueCatalog(name, client=self.glue_client(), **props)
+            else:
+                self._catalog = load_catalog(name, **props)
         return self._catalog
 
     def load(self) -> Any:

@@ -277,3 +277,23 @@ def test_the_fix_the_error_names_works_ssl_cert_file_makes_the_table_library_tru
     assert trusted.stdout.split()[-1] == "3"
     untrusted = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
     assert untrusted.returncode != 0 and "OutputTrustError" in untrusted.stderr, untrusted.stderr[-3000:]
+
+
+def test_an_iceberg_glue_catalog_uses_the_connection_s_glue_client_verify_included(https_conn, tmp_path, unique_name):
+    """A Glue catalog without client settings of its own talks to Glue through the operator's
+    connection: its endpoint, and verify's CA bundle (pyiceberg's own client would not have it)."""
+    endpoint, ca = https_conn
+
+    def task(**aws):
+        settings = OutputSettings(format="iceberg", table=f"{unique_name}.events", catalog_properties={"type": "glue"})
+        return KinesisToSparkOperator(task_id="ingest", stream_name=unique_name, consumer_name="lake", checkpoint_table=f"{unique_name}_ckpt",
+                                      output_path=str(tmp_path / "lake"), output_settings=settings, **aws)  # fmt: skip
+
+    catalog = task(verify=str(ca), botocore_config={"read_timeout": 11}).sink.catalog()
+    assert (catalog.glue.meta.endpoint_url, catalog.glue.meta.config.read_timeout) == (endpoint, 11)
+    catalog.create_namespace(unique_name)
+    assert (unique_name,) in catalog.list_namespaces()
+    from botocore.exceptions import SSLError
+
+    with pytest.raises(SSLError, match="CERTIFICATE_VERIFY_FAILED"):
+        task().sink.catalog().list_namespaces()  # the same connection without the CA bundle
