@@ -15,7 +15,6 @@ Serverless, and the job task's ``execute`` is never called.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace

@@ -25,7 +25,7 @@ from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.exceptions import BatchLeaseHeldError, PendingPlanMismatchError
 from demo.producer import put_plain, verify
 from tests.conftest import REGION, TEST_ACCESS_KEY, TEST_SECRET_KEY, create_stream
-from tests.integration.test_protocol import ReaderJob, produced_keys, row_keys, settings
+from tests.integration.test_protocol import ReaderJob, settings
 
 pytestmark = pytest.mark.integration
 

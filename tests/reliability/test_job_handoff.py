@@ -27,7 +27,7 @@ import pytest
 
 from airflow_kinesis_spark.core.job import staging_location
 from airflow_kinesis_spark.core.locations import batch_output_location
-from demo.producer import put_aggregated, put_plain, verify
+from demo.producer import put_aggregated, put_plain
 from tests.conftest import create_stream
 from tests.reliability.fault_proxy import FaultProxy
 from tests.reliability.harness import (
