@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -39,7 +40,7 @@ def error_event(err: BaseException) -> dict[str, object]:
     return {"status": "error", "message": f"{type(err).__name__}: {err}", "retryable": getattr(err, "retryable", True)}
 
 
-def raise_event_error(message: str, event: dict[str, object] | None) -> None:
+def raise_event_error(message: str, event: dict[str, object] | None) -> NoReturn:
     """Fail the task that resumed on an error event of :func:`error_event`.
 
     :raises AirflowFailException: the event says a retry cannot help.

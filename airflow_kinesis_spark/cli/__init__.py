@@ -23,7 +23,7 @@ import os
 import sys
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.progress import Progress
@@ -41,6 +41,9 @@ from airflow_kinesis_spark.core.shards import Shard
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.cli import terminal
 from airflow_kinesis_spark.cli.leftovers import leftovers
+
+if TYPE_CHECKING:
+    from mypy_boto3_kinesis import KinesisClient
 
 
 def _clients(ctx: click.Context) -> tuple[Any, Any]:
@@ -87,7 +90,7 @@ def _age(ms: int | None) -> str:
 
 
 def _measure_lag(
-    kinesis: Any, store: DynamoDBCheckpointStore, checkpoints: dict[str, Checkpoint], progress: Progress
+    kinesis: KinesisClient, store: DynamoDBCheckpointStore, checkpoints: dict[str, Checkpoint], progress: Progress
 ) -> dict[str, Any]:
     """``core.lag.measure_lag`` from the checkpoints already read, showing what it is doing:
     listing the shards, then probing the readable ones (a pulsing bar: the probes run in

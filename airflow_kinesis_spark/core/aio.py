@@ -8,9 +8,9 @@ summaries). No Airflow import.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from botocore.exceptions import ClientError
 
@@ -33,7 +33,12 @@ from airflow_kinesis_spark.core.head import Head
 from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
 from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 
+if TYPE_CHECKING:
+    from botocore.client import ClientMeta
+
 __all__ = [
+    "AsyncKinesisClient",
+    "AsyncDynamoDBClient",
     "list_shards",
     "probe_range",
     "count_range",
@@ -48,7 +53,31 @@ __all__ = [
 BACKLOG_CONCURRENCY = 16
 
 
-async def _call(reader: ShardReader, method: Any, **kwargs: Any) -> dict[str, Any]:
+class AsyncKinesisClient(Protocol):
+    """The calls this module makes on an aiobotocore Kinesis client: boto3's requests (keyword
+    arguments) and responses (dicts); ``meta`` is botocore's (region and endpoint, for messages)."""
+
+    meta: ClientMeta
+
+    async def list_shards(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    async def get_shard_iterator(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    async def get_records(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    async def describe_stream_summary(self, **kwargs: Any) -> dict[str, Any]: ...
+
+
+class AsyncDynamoDBClient(Protocol):
+    """The calls this module makes on an aiobotocore DynamoDB client (``GetItem``, and ``Query``
+    through its paginator, whose pages are iterated with ``async for``)."""
+
+    async def get_item(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    def get_paginator(self, operation_name: str) -> Any: ...
+
+
+async def _call(reader: ShardReader, method: Callable[..., Awaitable[dict[str, Any]]], **kwargs: Any) -> dict[str, Any]:
     """Await ``method`` (an aiobotocore client's), retrying throttling errors as ``ShardReader._call`` does."""
     attempt, waited = 0, 0.0
     while True:
@@ -63,7 +92,7 @@ async def _call(reader: ShardReader, method: Any, **kwargs: Any) -> dict[str, An
             attempt, waited = attempt + 1, waited + delay
 
 
-async def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> list[Shard]:
+async def list_shards(client: AsyncKinesisClient, stream_name: str, shard_filter: Mapping[str, Any] | None = None) -> list[Shard]:
     """Async ``shards.list_shards``: the same requests (``shards.ListShardsPager``), awaited.
 
     :param client: an aiobotocore Kinesis client.
@@ -81,7 +110,7 @@ async def list_shards(client: Any, stream_name: str, shard_filter: Mapping[str, 
     return pager.shards
 
 
-async def _step(reader: ShardReader, client: Any) -> None:
+async def _step(reader: ShardReader, client: AsyncKinesisClient) -> None:
     """One ``GetRecords`` of the reader's range, applied to it; an expired shard iterator is
     renewed after the last record read instead."""
     iterator = reader.next_iterator
@@ -98,7 +127,7 @@ async def _step(reader: ShardReader, client: Any) -> None:
     reader.accept(response)
 
 
-async def probe_range(client: Any, stream_name: str, shard_range: ShardRange) -> ShardReport:
+async def probe_range(client: AsyncKinesisClient, stream_name: str, shard_range: ShardRange) -> ShardReport:
     """Async ``probes.probe_range``: at most one Kinesis record of the range."""
     reader = probe_reader(None, stream_name, shard_range, min_call_interval=0)
     response = await _call(reader, client.get_shard_iterator, **reader.iterator_request())
@@ -109,7 +138,7 @@ async def probe_range(client: Any, stream_name: str, shard_range: ShardRange) ->
 
 
 async def count_range(
-    client: Any, stream_name: str, shard_range: ShardRange, bound: int, *,
+    client: AsyncKinesisClient, stream_name: str, shard_range: ShardRange, bound: int, *,
     max_calls: int = COUNT_MAX_GET_RECORDS_CALLS, call_interval: float = MIN_CALL_INTERVAL_S,
 ) -> tuple[ShardReport, bool]:  # fmt: skip
     """Count up to ``bound`` user records of a range (see ``lag.count_reader``).
@@ -133,7 +162,7 @@ async def count_range(
     return reader.finish(), budget_spent
 
 
-async def _committed(client: Any, store: DynamoDBCheckpointStore, batch_id: int, kind: str, owner: str) -> Any | None:
+async def _committed(client: AsyncDynamoDBClient, store: DynamoDBCheckpointStore, batch_id: int, kind: str, owner: str) -> Any | None:
     """A payload of the committed batch: the store's ``chunks_request`` through aiobotocore's
     ``Query`` paginator, parsed by the store's ``parse_chunks`` (as the sync store reads it).
 
@@ -144,7 +173,7 @@ async def _committed(client: Any, store: DynamoDBCheckpointStore, batch_id: int,
     return store.parse_chunks(items, batch_id, kind, owner, pending=False)
 
 
-async def read_head(client: Any, store: DynamoDBCheckpointStore) -> Head:
+async def read_head(client: AsyncDynamoDBClient, store: DynamoDBCheckpointStore) -> Head:
     """Async ``store.head()``: a table that does not exist yet reads as no head.
 
     :raises CheckpointStoreCorruptError: the head item does not parse (``store.parse_head``).
@@ -159,7 +188,7 @@ async def read_head(client: Any, store: DynamoDBCheckpointStore) -> Head:
 
 
 async def committed_state(
-    client: Any, store: DynamoDBCheckpointStore, *, with_plan: bool = True
+    client: AsyncDynamoDBClient, store: DynamoDBCheckpointStore, *, with_plan: bool = True
 ) -> tuple[Head, dict[str, Checkpoint], BatchPlan | None]:
     """Async ``store.head()``, ``store.committed_checkpoints(head)`` and, with ``with_plan``,
     ``store.committed_plan(head)``.
@@ -182,7 +211,7 @@ async def committed_state(
 
 
 async def describe_stream_summary(
-    client: Any, stream_name: str, *, budget: SummaryBudget | None = None, max_age: float = 0.0
+    client: AsyncKinesisClient, stream_name: str, *, budget: SummaryBudget | None = None, max_age: float = 0.0
 ) -> dict[str, Any]:
     """Async ``shards.describe_stream_summary``: status, retention period (hours), open shard count;
     with a ``budget``, from the host's cache or paced as the sync one (the budget's file
@@ -211,7 +240,7 @@ async def describe_stream_summary(
 
 
 async def _lag_plan(
-    kinesis: Any, dynamodb: Any, store: DynamoDBCheckpointStore, initial_position: str
+    kinesis: AsyncKinesisClient, dynamodb: AsyncDynamoDBClient, store: DynamoDBCheckpointStore, initial_position: str
 ) -> tuple[Head, BatchPlan, datetime]:
     """The head, the ``lag.lag_plan`` from its committed checkpoints, and the time it is made for."""
     now = datetime.now(timezone.utc)
@@ -221,7 +250,7 @@ async def _lag_plan(
 
 
 async def measure_lag(
-    kinesis: Any, dynamodb: Any, store: DynamoDBCheckpointStore, *, initial_position: str = "TRIM_HORIZON"
+    kinesis: AsyncKinesisClient, dynamodb: AsyncDynamoDBClient, store: DynamoDBCheckpointStore, *, initial_position: str = "TRIM_HORIZON"
 ) -> dict[str, Any]:
     """Async ``lag.measure_lag``: probes every readable shard concurrently.
 
@@ -234,7 +263,7 @@ async def measure_lag(
 
 
 async def measure_backlog(
-    kinesis: Any, dynamodb: Any, store: DynamoDBCheckpointStore, *, bound: int, initial_position: str = "TRIM_HORIZON"
+    kinesis: AsyncKinesisClient, dynamodb: AsyncDynamoDBClient, store: DynamoDBCheckpointStore, *, bound: int, initial_position: str = "TRIM_HORIZON"
 ) -> dict[str, Any]:
     """A consumer's backlog: ``lag.backlog_from_counts`` (ages and records waiting, counted up to
     ``bound`` per shard) plus ``committed_batch_id``, the head the count was made from.

@@ -21,6 +21,7 @@ from airflow_kinesis_spark.exceptions import StreamAccessDeniedError, StreamNotF
 
 if TYPE_CHECKING:
     from mypy_boto3_kinesis import KinesisClient
+    from airflow_kinesis_spark.core.aio import AsyncKinesisClient
     from airflow_kinesis_spark.core.stream_summary import SummaryBudget
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class Shard:
         return self.ending_sequence_number is None or value <= int(self.ending_sequence_number)
 
 
-def raise_for_stream(err: ClientError, stream_name: str, client: KinesisClient) -> NoReturn:
+def raise_for_stream(err: ClientError, stream_name: str, client: KinesisClient | AsyncKinesisClient) -> NoReturn:
     """Raise what a Kinesis call's error on ``stream_name`` (a name or ARN) means:
     :class:`StreamNotFoundError` (from ``err``) for ``ResourceNotFoundException``,
     :class:`StreamAccessDeniedError` for ``AccessDeniedException`` (naming the stream's account
@@ -141,7 +142,7 @@ class ListShardsPager:
         else:
             self.request = {"NextToken": token, **(stream_params(self.stream_name) if self._name_with_token else {})}
 
-    def refused(self, err: ClientError, client: KinesisClient) -> None:
+    def refused(self, err: ClientError, client: KinesisClient | AsyncKinesisClient) -> None:
         """Take the error of :attr:`request`: a token sent alone and refused as ``InvalidToken``
         is sent again with the stream's name (the moto workaround); otherwise raise.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -13,6 +13,10 @@ from airflow_kinesis_spark.core.protocol import commit_handed
 from airflow_kinesis_spark.hooks.spark_temp import consumer_key, sweep_leftover_temp_dirs
 from airflow_kinesis_spark.exceptions import ReportNotRecordedError
 
+if TYPE_CHECKING:
+    from airflow_kinesis_spark.core.store import DynamoDBCheckpointStore
+    from airflow_kinesis_spark.sinks import Sink
+
 __all__ = ["commit_event", "commit_or_raise", "handed_event"]
 
 AFTER = "Nothing was committed; the plan stays pending and the next attempt re-uses it."
@@ -20,7 +24,7 @@ AFTER = "Nothing was committed; the plan stays pending and the next attempt re-u
 
 
 def commit_or_raise(
-    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Any = None,
+    store: DynamoDBCheckpointStore, batch_id: int, lease_owner: str, lease_seconds: float, *, reused: bool = False, sink: Sink | None = None,
     plan_digest: str | None = None,
 ) -> dict[str, Any]:
     """:func:`~airflow_kinesis_spark.core.protocol.commit_handed`, its errors as Airflow's.
@@ -42,7 +46,7 @@ def commit_or_raise(
 
 
 def handed_event(
-    store: Any, batch_id: int, lease_owner: str, lease_seconds: float, *, handed_at: float, job_start_timeout: float
+    store: DynamoDBCheckpointStore, batch_id: int, lease_owner: str, lease_seconds: float, *, handed_at: float, job_start_timeout: float
 ) -> dict[str, Any] | None:
     """What :class:`~airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger` would fire
     with now, from one read of the head (``core.job.handed_batch_state``): a task reads it before
@@ -60,7 +64,7 @@ def handed_event(
 
 
 def commit_event(
-    store: Any, event: dict[str, Any], lease_seconds: float, *, reused: bool = False, sink: Any = None,
+    store: DynamoDBCheckpointStore, event: dict[str, Any], lease_seconds: float, *, reused: bool = False, sink: Sink | None = None,
     plan_digest: str | None = None,
 ) -> dict[str, Any]:
     """Commit after :class:`~airflow_kinesis_spark.triggers.kinesis.KinesisBatchReportTrigger` fired.

@@ -115,7 +115,7 @@ class _ConsumerTrigger(ConsumerHooksMixin, BaseTrigger):
     reads_kinesis = True
 
     @asynccontextmanager
-    async def _clients(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def _clients(self) -> AsyncIterator[tuple[aio.AsyncKinesisClient | None, aio.AsyncDynamoDBClient]]:
         """Async (aiobotocore) Kinesis and DynamoDB clients of the trigger's connection, for its whole
         run; no Kinesis client (``None``) for a trigger that only reads the store (:attr:`reads_kinesis`)."""
         dynamodb_hook = self.checkpoint_hook
@@ -133,11 +133,11 @@ class _ConsumerTrigger(ConsumerHooksMixin, BaseTrigger):
     #: set by :meth:`_clients`; every trigger of the triggerer, and every sensor of the host, share it.
     _summary_budget: SummaryBudget | None = None
 
-    async def _describe_stream_summary(self, kinesis: Any, max_age: float) -> dict[str, Any]:
+    async def _describe_stream_summary(self, kinesis: aio.AsyncKinesisClient, max_age: float) -> dict[str, Any]:
         """``DescribeStreamSummary`` of the trigger's stream, from the host's cache or paced (``aio.describe_stream_summary``)."""
         return await aio.describe_stream_summary(kinesis, self.stream_name, budget=self._summary_budget, max_age=max_age)
 
-    async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
+    async def evaluate(self, kinesis: Any, dynamodb: aio.AsyncDynamoDBClient) -> dict[str, Any] | None:
         """One poll: an event payload when done, else ``None``."""
         raise NotImplementedError
 
@@ -172,7 +172,7 @@ class KinesisShardLagTrigger(_ConsumerTrigger):
     def own_arguments(self) -> dict[str, Any]:
         return {"min_age_seconds": self.min_age_seconds, "initial_position": self.initial_position}
 
-    async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
+    async def evaluate(self, kinesis: Any, dynamodb: aio.AsyncDynamoDBClient) -> dict[str, Any] | None:
         summary = await aio.measure_lag(kinesis, dynamodb, self._store(), initial_position=self.initial_position)
         self.log.info("lag of %s/%s: max age %s ms, shards with records %s", self.stream_name, self.consumer_name,
                       summary["max_age_ms"], summary["shards_with_unconsumed"])  # fmt: skip
@@ -184,7 +184,7 @@ class KinesisShardLagTrigger(_ConsumerTrigger):
 class KinesisReshardingTrigger(_ConsumerTrigger):
     """Fires when the open shards differ from the last committed batch's (see ``KinesisReshardingSensor``)."""
 
-    async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
+    async def evaluate(self, kinesis: Any, dynamodb: aio.AsyncDynamoDBClient) -> dict[str, Any] | None:
         summary = await self._describe_stream_summary(kinesis, STATUS_MAX_AGE_S)
         if summary["StreamStatus"] == "UPDATING":
             self.log.info("stream %s is UPDATING (resharding in progress)", self.stream_name)
@@ -217,7 +217,7 @@ class KinesisRetentionTrigger(_ConsumerTrigger):
     def own_arguments(self) -> dict[str, Any]:
         return {"margin_seconds": self.margin_seconds, "initial_position": self.initial_position}
 
-    async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
+    async def evaluate(self, kinesis: Any, dynamodb: aio.AsyncDynamoDBClient) -> dict[str, Any] | None:
         retention = float((await self._describe_stream_summary(kinesis, RETENTION_MAX_AGE_S))["RetentionPeriodHours"])
         lag = await aio.measure_lag(kinesis, dynamodb, self._store(), initial_position=self.initial_position)
         risks = retention_risks(lag, retention, timedelta(seconds=self.margin_seconds))
@@ -306,7 +306,7 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
     def own_arguments(self) -> dict[str, Any]:
         return {"min_records": self.min_records, "min_age_seconds": self.min_age_seconds, "initial_position": self.initial_position}
 
-    async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
+    async def evaluate(self, kinesis: Any, dynamodb: aio.AsyncDynamoDBClient) -> dict[str, Any] | None:
         min_records, min_age = self.min_records, self.min_age_seconds
         summary = await aio.measure_backlog(
             kinesis, dynamodb, self._store(), bound=min_records or 1, initial_position=self.initial_position
@@ -359,7 +359,7 @@ class KinesisBacklogTrigger(_ConsumerTrigger, BaseEventTrigger):
                     yield TriggerEvent(payload)
                 await self._wait_for_next_poll(dynamodb)
 
-    async def _wait_for_next_poll(self, dynamodb: Any) -> None:
+    async def _wait_for_next_poll(self, dynamodb: aio.AsyncDynamoDBClient) -> None:
         """Sleep ``poke_interval`` seconds; while holding after an event (the last poll counted
         after the batch the event was sent for), end early once the consumer's committed batch id
         moved (read every ``BACKLOG_HOLD_HEAD_INTERVAL_S``)."""
@@ -421,7 +421,7 @@ class KinesisBatchReportTrigger(_ConsumerTrigger):
         return {"batch_id": self.batch_id, "lease_owner": self.lease_owner, "lease_seconds": self.lease_seconds,
                 "handed_at": self.handed_at, "job_start_timeout": self.job_start_timeout}  # fmt: skip
 
-    async def evaluate(self, kinesis: Any, dynamodb: Any) -> dict[str, Any] | None:
+    async def evaluate(self, kinesis: Any, dynamodb: aio.AsyncDynamoDBClient) -> dict[str, Any] | None:
         head = await aio.read_head(dynamodb, self._store())
         state = handed_batch_state(
             head, self.batch_id, self.lease_owner, self.lease_seconds, now_ms=int(time.time() * 1000),
