@@ -86,7 +86,7 @@ def _leftovers_sink(
     :raises ValueError: the options contradict the owner record, or leave something unknown.
     """
     from airflow_kinesis_spark.core.names import stream_name_of
-    from airflow_kinesis_spark.sinks import build_sink
+    from airflow_kinesis_spark.sinks.build import build_sink
     from airflow_kinesis_spark.sinks.ownership import OWNER_FILE, owner_location, read_owner
 
     owner = read_owner(output_path, options)

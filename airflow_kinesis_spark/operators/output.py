@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 
 from airflow_kinesis_spark.core.records import RecordSettings
 from airflow_kinesis_spark.operators.settings import OutputSettings, task_copy
-from airflow_kinesis_spark.sinks import OUTPUT_FORMATS, Sink, build_sink
+from airflow_kinesis_spark.sinks import OUTPUT_FORMATS, Sink
+from airflow_kinesis_spark.sinks.build import build_sink
 
 if TYPE_CHECKING:  # the boto3 stubs (mypy-boto3-glue): annotations only
     from mypy_boto3_glue import GlueClient

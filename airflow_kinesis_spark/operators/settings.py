@@ -90,7 +90,7 @@ class OutputSettings:
         batch's commit; a changed type still fails). Default: ``"add_columns"`` with typed
         records (:class:`RecordSettings` other than ``raw``), else ``"none"`` (templated).
 
-    Checked (``sinks.build_sink``) when a task validates its arguments, after rendering:
+    Checked (``sinks.build.build_sink``) when a task validates its arguments, after rendering:
     :class:`ValueError` names the setting, the problem and the fix. Its ``repr`` (what Airflow
     shows as the rendered template field) hides the values of ``catalog_properties`` and
     ``storage_options`` keys that name a secret, password, token, credential or key.

@@ -453,7 +453,7 @@ def scan_leftovers(
 ) -> LeftoverScan:  # fmt: skip
     """Find the leftovers under ``sink``'s batch root (module doc); reads only.
 
-    :param sink: a sink of :func:`~airflow_kinesis_spark.sinks.build_sink` (its ``batch_root``,
+    :param sink: a sink of :func:`~airflow_kinesis_spark.sinks.build.build_sink` (its ``batch_root``,
         ``storage_options`` and, for tables, its table).
     :param stream_name: / :param consumer_name: the output's (stream, consumer): for a table, the
         latest committed batch is read from its commits of this pair (and from the batch

@@ -237,7 +237,7 @@ def test_a_table_library_that_cannot_take_the_ca_bundle_is_named_before_anything
 _WITH_SSL_CERT_FILE = """
 import sys
 import pyarrow as pa
-from airflow_kinesis_spark.sinks import build_sink
+from airflow_kinesis_spark.sinks.build import build_sink
 from airflow_kinesis_spark.sinks.files import check_library_trust
 fmt, location, options, catalog = sys.argv[1], sys.argv[2], dict(a.split("=", 1) for a in sys.argv[4:]), sys.argv[3]
 iceberg = {"table": "lake.events", "catalog_properties": {"type": "sql", "uri": catalog}} if fmt == "iceberg" else {}

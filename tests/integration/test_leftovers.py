@@ -28,7 +28,7 @@ from airflow_kinesis_spark.core.positions import format_timestamp
 from airflow_kinesis_spark.core.locations import planned_output_location
 from airflow_kinesis_spark.core.protocol import IncrementalSettings, run_incremental
 from airflow_kinesis_spark.core.schema import arrow_schema
-from airflow_kinesis_spark.sinks import build_sink
+from airflow_kinesis_spark.sinks.build import build_sink
 from airflow_kinesis_spark.sinks.leftovers import find_leftovers, remove_leftovers, scan_leftovers
 from airflow_kinesis_spark.sinks.parquet import committed_files
 from tests.conftest import create_stream

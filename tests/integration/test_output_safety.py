@@ -256,7 +256,7 @@ def test_a_table_that_would_refuse_the_batchs_columns_fails_before_planning(outp
 
     from airflow_kinesis_spark.core.protocol import IncrementalSettings, prepare_incremental
     from airflow_kinesis_spark.exceptions import TableCommitError
-    from airflow_kinesis_spark.sinks import build_sink
+    from airflow_kinesis_spark.sinks.build import build_sink
 
     create_stream(kinesis, unique_name, 1)
     put_plain(kinesis, unique_name, [("k", b"v")])

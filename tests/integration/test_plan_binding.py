@@ -149,7 +149,7 @@ def test_a_forged_report_that_claims_more_than_the_files_hold_commits_nothing(se
 
     from airflow_kinesis_spark.core.schema import arrow_schema
     from airflow_kinesis_spark.exceptions import ReportValidationError
-    from airflow_kinesis_spark.sinks import build_sink
+    from airflow_kinesis_spark.sinks.build import build_sink
     from tests.helpers import read_plan
 
     store, settings, victim = setup
@@ -187,7 +187,7 @@ def test_a_forged_report_that_calls_unwritten_records_dead_letters_commits_nothi
 
     from airflow_kinesis_spark.core.schema import arrow_schema
     from airflow_kinesis_spark.exceptions import ReportValidationError
-    from airflow_kinesis_spark.sinks import build_sink
+    from airflow_kinesis_spark.sinks.build import build_sink
     from tests.helpers import read_plan
 
     store, settings, _ = setup

@@ -149,7 +149,7 @@ def test_a_target_file_size_becomes_a_rows_cap_from_the_tables_stored_bytes_per_
     # What a pending plan is compared on: the author's settings, not the derived cap.
     assert planned.settings() == first.settings() and "max_records_per_file" not in first.settings()
     with pytest.raises(ValueError, match="target_file_size or max_records_per_file"):
-        from airflow_kinesis_spark.sinks import build_sink
+        from airflow_kinesis_spark.sinks.build import build_sink
 
         build_sink("delta", str(location), target_file_size=target, max_records_per_file=10)
 
