@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["CA_BUNDLE_OPTION", "DataFile", "check_library_trust", "filesystem", "list_data_files", "write_text", "read_text", "exists", "table_uri", "pyiceberg_io_properties",
-           "read_schema"]
+__all__ = ["CA_BUNDLE_OPTION", "DataFile", "check_library_trust", "filesystem", "list_data_files", "write_text", "read_text",
+           "exists", "table_uri", "pyiceberg_io_properties", "read_schema"]
 
 
 #: The storage option naming a CA bundle (a PEM file's path) for an ``s3://`` location, botocore's
