@@ -50,7 +50,8 @@ def _key_values(values: Sequence[str], option: str) -> dict[str, str]:
 def _storage_options(ctx: click.Context, output_path: str, given: dict[str, str]) -> dict[str, str] | None:
     """For an ``s3://`` (``s3a``, ``s3n``) root: credentials and region of the command's AWS access
     (``--aws-conn-id``'s connection, its ``verify`` extra's CA bundle included, or boto3's chain
-    with ``--profile``/``--region``) in delta-rs's key names, under ``given``
+    with ``--profile``/``--region``, its ``ca_bundle``/``AWS_CA_BUNDLE`` included) in delta-rs's
+    key names, under ``given``
     (``--storage-option``, e.g. ``AWS_CA_BUNDLE=ca.pem``); other roots: ``given``."""
     from urllib.parse import urlparse
 
@@ -70,10 +71,13 @@ def _storage_options(ctx: click.Context, output_path: str, given: dict[str, str]
                                       opts["endpoint_url"] or getattr(hook.conn_config, "endpoint_url", None), hook.verify)  # fmt: skip
     else:
         import boto3
+        import botocore.session
 
-        session = boto3.session.Session(profile_name=opts["profile"], region_name=opts["region"])
+        chain = botocore.session.Session(profile=opts["profile"])
+        session = boto3.session.Session(botocore_session=chain, region_name=opts["region"])
         found = session.get_credentials()
-        derived = aws_storage_options(found.get_frozen_credentials() if found else None, session.region_name, opts["endpoint_url"])
+        derived = aws_storage_options(found.get_frozen_credentials() if found else None, session.region_name, opts["endpoint_url"],
+                                      chain.get_config_variable("ca_bundle"))  # fmt: skip
     return {**derived, **given}
 
 
